@@ -1,0 +1,161 @@
+"""The library entry point: run discover -> parse -> correlate -> detect -> decide on one job.
+
+`analyze(path)` returns an `Analysis` holding the frames (events, ranked findings) and the report
+document (the versioned JSON contract, see `schema/report.schema.json`). Renderers read it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import polars as pl
+
+from analyzer import __version__
+from analyzer.correlate import JobFacts, correlate
+from analyzer.decide import decide
+from analyzer.detect import detect, format_ranks
+from analyzer.discover import DiscoveryError, InputFile, discover
+from analyzer.parse import parse_inputs
+from analyzer.rules import Rule, rules_by_id
+
+SCHEMA_VERSION = "1.0"
+MAX_EVIDENCE_LINES = 8
+
+_HANG_CATEGORIES = {"nccl_timeout", "rank_absent_from_collective", "collective_mismatch"}
+_SLOW_CATEGORIES = {"straggler", "degraded_transport", "fragmented_memory"}
+
+
+class NothingToAnalyse(DiscoveryError):
+    """Every input was unreadable or skipped."""
+
+
+@dataclass
+class Analysis:
+    events: pl.DataFrame
+    findings: pl.DataFrame
+    facts: JobFacts
+    inputs: list[InputFile]
+    report: dict
+
+
+def analyze(path: str | os.PathLike[str]) -> Analysis:
+    inputs = discover(path)
+    if not inputs:
+        raise NothingToAnalyse(f"{path}: the directory holds no files")
+    raw = parse_inputs(inputs)
+    if not any(item.status in ("parsed", "partial") for item in inputs):
+        reasons = "; ".join(f"{i.path}: {i.reason}" for i in inputs[:5])
+        raise NothingToAnalyse(f"{path}: nothing readable ({reasons})")
+    events, facts = correlate(raw, inputs)
+    rules = rules_by_id()
+    detection = detect(events, facts.context(events))
+    decision = decide(detection.findings, rules)
+    report = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems)
+    return Analysis(events, decision.ranked, facts, inputs, report)
+
+
+def build_report(
+    path: str,
+    events: pl.DataFrame,
+    ranked: pl.DataFrame,
+    verdict_rule: Rule | None,
+    facts: JobFacts,
+    inputs: list[InputFile],
+    rules: dict[str, Rule],
+    problems: list[str],
+) -> dict:
+    by_id = events.select("event_id", "file", "line", "rank", "text").rows_by_key("event_id", named=True, unique=True)
+    findings = [_finding_doc(row, rules[row["rule_id"]], by_id) for row in ranked.iter_rows(named=True)]
+    verdict = _verdict_doc(findings, verdict_rule)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "analyzer_version": __version__,
+        "job": {
+            "path": path,
+            "world_size": facts.world_size,
+            "ranks": facts.ranks,
+            "hosts": facts.hosts,
+            "outcome": _outcome(verdict, events),
+        },
+        "verdict": verdict,
+        "findings": findings,
+        "inputs": [_input_doc(i) for i in inputs],
+        "problems": problems,
+    }
+
+
+def _finding_doc(row: dict, rule: Rule, by_id: dict) -> dict:
+    evidence = []
+    for event_id in row["evidence"][:MAX_EVIDENCE_LINES]:
+        event = by_id.get(event_id)
+        if event:
+            evidence.append({"file": event["file"], "line": event["line"], "rank": event["rank"], "text": event["text"] or ""})
+    return {
+        "rule_id": rule.id,
+        "category": rule.category,
+        "severity": rule.severity,
+        "title": rule.title,
+        "summary": row["summary"],
+        "ranks": row["ranks"],
+        "hosts": row["hosts"],
+        "confidence": row["confidence"],
+        "caused_by": row.get("caused_by") or [],
+        "evidence": evidence,
+        "remediation": rule.remediation,
+    }
+
+
+def _verdict_doc(findings: list[dict], rule: Rule | None) -> dict:
+    if rule is None or not findings:
+        return {
+            "category": "none",
+            "title": "No failure found",
+            "summary": "No failure signature matched any input.",
+            "culprit_ranks": [],
+            "culprit_hosts": [],
+            "confidence": 1.0,
+            "rule_id": None,
+            "evidence": [],
+        }
+    top = findings[0]
+    culprits = ""
+    if top["ranks"]:
+        culprits += f" Culprit rank(s): {format_ranks(top['ranks'])}."
+    if top["hosts"]:
+        culprits += f" Host(s): {', '.join(top['hosts'][:8])}."
+    if not top["ranks"] and not top["hosts"] and rule.role != "context":
+        culprits += " The evidence does not name a culprit rank or host."
+    return {
+        "category": rule.category,
+        "title": rule.title,
+        "summary": top["summary"] + "." + culprits,
+        "culprit_ranks": top["ranks"],
+        "culprit_hosts": top["hosts"],
+        "confidence": top["confidence"],
+        "rule_id": rule.id,
+        "evidence": top["evidence"],
+    }
+
+
+def _outcome(verdict: dict, events: pl.DataFrame) -> str:
+    category = verdict["category"]
+    if category == "none":
+        return "ok" if events.height else "unknown"
+    if category in _HANG_CATEGORIES:
+        return "hang"
+    if category in _SLOW_CATEGORIES:
+        return "slow"
+    return "crash"
+
+
+def _input_doc(item: InputFile) -> dict:
+    return {
+        "file": item.path,
+        "format": item.format,
+        "ranks": item.ranks,
+        "lines": item.lines,
+        "unparsed_lines": item.unparsed_lines,
+        "status": item.status,
+        "reason": item.reason,
+    }

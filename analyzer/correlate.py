@@ -1,0 +1,142 @@
+"""Stage 3, correlate: attribute every event to a rank and host, and derive the job's facts.
+
+Sources of truth, strongest first: PyTorch/launcher prefixes on the line, NCCL `comm ... rank R
+nranks N` lines joined to their `host:pid` prefix, per-rank file layout (torchrun's
+`attempt_N/<local_rank>/` and rank-numbered file names), and a file whose events all name one
+rank. Job facts: world size, ranks, hosts, rank -> host map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from analyzer.analyses import JobContext
+from analyzer.discover import InputFile
+
+
+@dataclass
+class JobFacts:
+    world_size: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    rank_hosts: dict[int, str] = field(default_factory=dict)
+    nccl_versions: dict[str, list[str]] = field(default_factory=dict)
+
+    def context(self, events: pl.DataFrame) -> JobContext:
+        end = events.get_column("ts").max() if events.height else None
+        return JobContext(
+            world_size=self.world_size,
+            ranks=tuple(self.ranks),
+            hosts=tuple(self.hosts),
+            rank_hosts=dict(self.rank_hosts),
+            end_ts=end,
+        )
+
+
+def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFrame, JobFacts]:
+    events = _apply_file_hints(events, inputs)
+    events = _ranks_from_pids(events)
+    events = _ranks_from_single_rank_files(events)
+    events = _hosts_from_ranks(events)
+    events = events.with_row_index("event_id").with_columns(pl.col("event_id").cast(pl.Int64))
+    return events, _facts(events)
+
+
+def _apply_file_hints(events: pl.DataFrame, inputs: list[InputFile]) -> pl.DataFrame:
+    hints = pl.DataFrame(
+        {
+            "file": [i.path for i in inputs],
+            "hint_rank": [i.rank_hint for i in inputs],
+            "hint_local": [i.local_rank_hint for i in inputs],
+        },
+        schema={"file": pl.String, "hint_rank": pl.Int64, "hint_local": pl.Int64},
+    )
+    return (
+        events.join(hints, on="file", how="left")
+        .with_columns(
+            pl.coalesce("rank", "hint_rank").alias("rank"),
+            pl.coalesce("local_rank", "hint_local").alias("local_rank"),
+        )
+        .drop("hint_rank", "hint_local")
+    )
+
+
+def _ranks_from_pids(events: pl.DataFrame) -> pl.DataFrame:
+    """NCCL lines carry host:pid but no rank; the world communicator's init line links the two."""
+    world = events.filter(pl.col("kind") == "nccl.comm_init").get_column("nranks").max()
+    known = events.filter(pl.col("pid").is_not_null() & pl.col("rank").is_not_null())
+    if world is not None:
+        comm = events.filter((pl.col("kind") == "nccl.comm_init") & (pl.col("nranks") == world)).with_columns(
+            pl.col("pg_rank").alias("rank")
+        )
+        known = pl.concat([comm, known.filter(pl.col("kind") != "nccl.comm_init")])
+    pid_map = (
+        known.group_by("host", "pid")
+        .agg(pl.col("rank").mode().first().alias("pid_rank"))
+        .filter(pl.col("pid_rank").is_not_null())
+    )
+    return (
+        events.join(pid_map, on=["host", "pid"], how="left", nulls_equal=True)
+        .with_columns(pl.coalesce("rank", "pid_rank").alias("rank"))
+        .drop("pid_rank")
+    )
+
+
+def _ranks_from_single_rank_files(events: pl.DataFrame) -> pl.DataFrame:
+    """A file written by one process (one pid at most) whose events name one rank is that rank's."""
+    per_file = (
+        events.group_by("file")
+        .agg(
+            pl.col("rank").drop_nulls().n_unique().alias("n"),
+            pl.col("pid").drop_nulls().n_unique().alias("pids"),
+            pl.col("rank").drop_nulls().first().alias("file_rank"),
+        )
+        .filter((pl.col("n") == 1) & (pl.col("pids") <= 1))
+        .select("file", "file_rank")
+    )
+    return (
+        events.join(per_file, on="file", how="left")
+        .with_columns(pl.coalesce("rank", "file_rank").alias("rank"))
+        .drop("file_rank")
+    )
+
+
+def _hosts_from_ranks(events: pl.DataFrame) -> pl.DataFrame:
+    rank_host = (
+        events.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
+        .group_by("rank")
+        .agg(pl.col("host").mode().first().alias("rank_host"))
+    )
+    return (
+        events.join(rank_host, on="rank", how="left")
+        .with_columns(pl.coalesce("host", "rank_host").alias("host"))
+        .drop("rank_host")
+    )
+
+
+def _facts(events: pl.DataFrame) -> JobFacts:
+    ranks = sorted(events.get_column("rank").drop_nulls().unique().to_list())
+    hosts = sorted(events.get_column("host").drop_nulls().unique().to_list())
+    nranks = events.filter(pl.col("kind").is_in(["nccl.comm_init", "fr.pg_status"])).get_column("nranks").max()
+    world = max(x for x in (nranks, (max(ranks) + 1) if ranks else None) if x is not None) if (nranks or ranks) else None
+    rank_hosts = dict(
+        events.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
+        .group_by("rank")
+        .agg(pl.col("host").mode().first())
+        .iter_rows()
+    )
+    versions = (
+        events.filter(pl.col("kind") == "nccl.version")
+        .with_columns(pl.col("message").str.extract(r"NCCL version (\S+)").alias("v"))
+        .group_by(pl.col("host").fill_null("?"))
+        .agg(pl.col("v").drop_nulls().unique().sort())
+    )
+    return JobFacts(
+        world_size=world,
+        ranks=ranks,
+        hosts=hosts,
+        rank_hosts={int(k): v for k, v in rank_hosts.items()},
+        nccl_versions={h: list(v) for h, v in versions.iter_rows()},
+    )

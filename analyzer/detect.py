@@ -1,0 +1,125 @@
+"""Stage 4, detect: evaluate the signature catalogue and the named cross-rank analyses.
+
+Pattern rules compile to boolean expressions evaluated together in one `select`; each rule that
+fires becomes one finding aggregating its evidence. Rules with `analysis = "..."` are produced by
+the registered analysis of that name. An analysis that crashes is reported, never fatal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from analyzer.analyses import JobContext, load_all
+from analyzer.findings import concat_findings, finding, findings_frame
+from analyzer.rules import Rule, catalogue
+
+MAX_EVIDENCE_PER_FINDING = 50
+_RANK_MENTION = r"\brank (\d+)\b"
+
+
+@dataclass
+class Detection:
+    findings: pl.DataFrame
+    problems: list[str] = field(default_factory=list)
+
+
+def detect(events: pl.DataFrame, job: JobContext, rules: tuple[Rule, ...] | None = None) -> Detection:
+    rules = rules if rules is not None else catalogue()
+    pattern_rules = [r for r in rules if r.analysis is None]
+    frames = [_pattern_findings(events, pattern_rules, job)]
+    problems: list[str] = []
+    analyses = load_all()
+    known_ids = {r.id for r in rules}
+    for name in sorted({r.analysis for r in rules if r.analysis}):
+        analysis = analyses.get(name)
+        if analysis is None:
+            problems.append(f"analysis {name!r} named by the catalogue is not available")
+            continue
+        try:
+            produced = analysis(events, job)
+        except Exception as exc:  # noqa: BLE001 - one broken analysis must not hide the others
+            problems.append(f"analysis {name!r} failed: {type(exc).__name__}: {exc}")
+            continue
+        frames.append(produced.filter(pl.col("rule_id").is_in(sorted(known_ids))))
+    return Detection(concat_findings(frames), problems)
+
+
+def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) -> pl.DataFrame:
+    if not rules or events.height == 0:
+        return findings_frame([])
+    mention = pl.concat_str([pl.col("message").fill_null(""), pl.col("detail").fill_null("")], separator=" ")
+    flags = events.select(
+        "event_id",
+        "rank",
+        "host",
+        "message",
+        pl.coalesce(
+            pl.col("ranks_ref"), mention.str.extract_all(_RANK_MENTION).list.eval(
+                pl.element().str.extract(r"(\d+)").cast(pl.Int64)
+            )
+        ).alias("ranks_named"),
+        *[rule.expression().alias(rule.id) for rule in rules],
+    )
+    rows = []
+    for rule in rules:
+        hits = flags.filter(pl.col(rule.id))
+        if hits.height:
+            rows.append(_aggregate(rule, hits, job))
+    return findings_frame(rows)
+
+
+def _aggregate(rule: Rule, hits: pl.DataFrame, job: JobContext) -> dict:
+    ranks: list[int] = []
+    hosts: list[str] = []
+    if rule.attribution == "ranks":
+        ranks = hits.get_column("rank").drop_nulls().unique().to_list()
+        hosts = hits.get_column("host").drop_nulls().unique().to_list()
+    elif rule.attribution == "hosts":
+        hosts = hits.get_column("host").drop_nulls().unique().to_list()
+    elif rule.attribution == "ranks_ref":
+        ranks = hits.get_column("ranks_named").explode().drop_nulls().unique().to_list()
+        hosts = [job.rank_hosts[r] for r in ranks if r in job.rank_hosts]
+    elif rule.attribution == "job_hosts":
+        hosts = list(job.hosts)
+    first_message = hits.get_column("message").drop_nulls().head(1).to_list()
+    where = _where(ranks, hosts)
+    summary = f"{hits.height} matching line{'s' if hits.height != 1 else ''}{where}"
+    if first_message:
+        summary += f": {first_message[0][:300]}"
+    return finding(
+        rule.id,
+        ranks=ranks,
+        hosts=hosts,
+        confidence=rule.confidence,
+        summary=summary,
+        evidence=hits.get_column("event_id").head(MAX_EVIDENCE_PER_FINDING).to_list(),
+    )
+
+
+def _where(ranks: list[int], hosts: list[str]) -> str:
+    parts = []
+    if ranks:
+        parts.append("rank" + ("s " if len(ranks) > 1 else " ") + format_ranks(ranks))
+    if hosts:
+        parts.append("host" + ("s " if len(hosts) > 1 else " ") + ", ".join(sorted(hosts)[:8]))
+    return f" on {' / '.join(parts)}" if parts else ""
+
+
+def format_ranks(ranks: list[int]) -> str:
+    """`[0, 2, 3, 4, 7]` -> `0,2-4,7`."""
+    ranks = sorted(set(ranks))
+    spans: list[str] = []
+    start = prev = None
+    for r in ranks:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(spans)

@@ -1,0 +1,98 @@
+"""Stage 2, parse (line layer): text chunks -> a frame of lines with wrapper prefixes peeled off.
+
+One physical line can carry a collector timestamp, a launcher label (Slurm `N: `, pdsh `host: `,
+MPI `[1,3]<stdout>:`, Ray `(Actor pid=N)`), torchrun's `[default0]:` tee prefix and PyTorch's
+`[rankN]:` prefix before the payload. All of it is peeled with vectorised regexes; nothing here
+loops over lines in Python.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+MAX_LINE_CHARS = 4096
+
+_ANSI = r"\x1b\[[0-9;?]*[A-Za-z]|^\s*\[0m\s?"
+
+# Wrapper layers in the order they stack, left to right. Each is optional.
+_PREFIX = (
+    r"^"
+    r"(?:\s*(?P<collector_ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)(?:\s+\|\s+\w+\s+\|)?\s+(?:\S+ \|\| )?)?"
+    r"(?:\((?:[\w.]+ )?pid=(?P<ray_pid>\d+)(?:, ip=[\d.]+)?\)\s+)?"
+    r"(?:\[\d+,(?P<mpi_rank>\d+)\]<std(?:out|err)>:)?"
+    r"(?:\[(?P<bracket_rank>\d+)\]\s)?"
+    r"(?:(?P<label_rank>\d{1,6}):\s)?"
+    r"(?:\[(?P<acc_host>[\w.\-]+):(?P<acc_local>\d+)\]:\s*)?"
+    r"(?:\[(?P<tee_role>[A-Za-z_]+?)(?P<tee_num>\d+)\]:)?"
+    r"(?:\[rank(?P<torch_rank>\d+)\]:\s?)?"
+)
+
+# pdsh / DeepSpeed runner labels (`worker-1: `). Ambiguous with `ValueError: msg`, so a name must
+# carry a digit or a hyphen, and the file-level share of such lines decides whether to trust it.
+_HOST_LABEL = r"^(?P<label_host>[A-Za-z0-9][\w.\-]*[\d\-][\w.\-]*):\s"
+_HOST_LABEL_MIN_SHARE = 0.3
+
+
+def lines_frame(text: str, file: str, first_line: int = 1) -> pl.DataFrame:
+    """Split a decoded chunk into lines with 1-based numbers; lines are capped at MAX_LINE_CHARS."""
+    frame = (
+        pl.DataFrame({"text": [text]})
+        .select(pl.col("text").str.split("\n"))
+        .explode("text")
+        .with_row_index("line", offset=first_line)
+        .with_columns(
+            pl.col("line").cast(pl.Int64),
+            pl.col("text").str.strip_suffix("\r").str.slice(0, MAX_LINE_CHARS),
+            pl.lit(file).alias("file"),
+        )
+    )
+    if text.endswith("\n"):
+        frame = frame.slice(0, frame.height - 1)  # the split leaves an empty tail after the last newline
+    return frame
+
+
+def peel_prefixes(lines: pl.DataFrame) -> pl.DataFrame:
+    """Add `body` (the payload) and the prefix-derived rank/host columns."""
+    cleaned = pl.when(pl.col("text").str.contains(r"\x1b|\[0m", literal=False)).then(
+        pl.col("text").str.replace_all(_ANSI, "")
+    ).otherwise(pl.col("text"))
+    frame = lines.with_columns(cleaned.alias("_clean"))
+    frame = frame.with_columns(pl.col("_clean").str.extract_groups(_PREFIX).alias("_p"))
+    frame = frame.unnest("_p")
+    prefix_len = pl.col("_clean").str.extract(f"({_PREFIX})", 1).str.len_chars().fill_null(0)
+    frame = frame.with_columns(pl.col("_clean").str.slice(prefix_len).alias("body"))
+    frame = _peel_host_labels(frame)
+    int_col = lambda name: pl.col(name).cast(pl.Int64, strict=False)  # noqa: E731
+    tee_is_rank = pl.col("tee_role") == "rank"
+    return frame.with_columns(
+        pl.coalesce(
+            int_col("torch_rank"),
+            pl.when(tee_is_rank).then(int_col("tee_num")),
+            int_col("mpi_rank"),
+            int_col("bracket_rank"),
+            int_col("label_rank"),
+        ).alias("pfx_rank"),
+        pl.coalesce(pl.when(~tee_is_rank).then(int_col("tee_num")), int_col("acc_local")).alias("pfx_local_rank"),
+        pl.coalesce(pl.col("acc_host"), pl.col("label_host")).alias("pfx_host"),
+        int_col("ray_pid").alias("pfx_pid"),
+    ).drop(
+        "_clean", "ray_pid", "mpi_rank", "bracket_rank", "label_rank", "acc_host", "acc_local",
+        "tee_role", "tee_num", "torch_rank", "label_host",
+    )
+
+
+def _peel_host_labels(frame: pl.DataFrame) -> pl.DataFrame:
+    candidate = pl.col("body").str.extract(_HOST_LABEL, 1)
+    frame = frame.with_columns(candidate.alias("label_host"))
+    non_empty = frame.filter(pl.col("body").str.len_chars() > 0).height
+    labelled = frame.filter(pl.col("label_host").is_not_null()).height
+    distinct_names = frame.get_column("label_host").n_unique()
+    trusted = non_empty and labelled / non_empty >= _HOST_LABEL_MIN_SHARE and distinct_names <= 4096
+    if not trusted:
+        return frame.with_columns(pl.lit(None, dtype=pl.String).alias("label_host"))
+    return frame.with_columns(
+        pl.when(pl.col("label_host").is_not_null())
+        .then(pl.col("body").str.slice(pl.col("label_host").str.len_chars() + 2))
+        .otherwise(pl.col("body"))
+        .alias("body")
+    )

@@ -1,0 +1,478 @@
+"""Stage 2, parse (text logs): classify lines of NCCL, c10d, Python, torchrun and system output.
+
+Lines are read in bulk into polars, peeled of wrapper prefixes (`lines.py`), and given a `kind`
+by vectorised literal/regex tests. Only the rare lines that carry structure (WorkNCCL records,
+process-group status, structured NCCL WARNs, torchrun failure tables) go through the Lark
+grammars. Lines that match no kind are counted, not kept: the input table reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import polars as pl
+
+from analyzer.discover import InputFile, iter_text_chunks
+from analyzer.events import conform, empty_events
+from analyzer.parse.grammars import parse_body
+from analyzer.parse.lines import lines_frame, peel_prefixes
+
+# --- headers -------------------------------------------------------------------------------------
+
+# `[ts] host:pid:tid [dev] file:line (func) NCCL WARN msg`; old NCCL (2.0-era) omits "NCCL ".
+# Pasted logs keep markdown bold (`**NCCL WARN`), so asterisks are tolerated.
+_NCCL = (
+    r"^\s*(?:\[(?P<nccl_ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] )?"
+    r"(?P<nccl_host>[^\s:\[]+):(?P<nccl_pid>\d+):(?P<nccl_tid>\d+) (?:\[(?P<nccl_dev>\d+)\] )?"
+    r"(?:[\w/.\-]+\.(?:cc|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**(?:NCCL )?(?P<nccl_level>INFO|WARN|TRACE|CALL|ERROR)\**\s?(?P<nccl_msg>.*)$"
+)
+# `[rank0]:[E1130 14:57:41.704937190 ProcessGroupNCCL.cpp:689] msg`, `[E ProcessGroupNCCL.cpp:458] msg`.
+# Searched anywhere in the body: a tqdm bar can precede it on the same line.
+_C10D = (
+    r"\[(?P<c_level>[IWEF])(?P<c_md>\d{3,4})? ?(?P<c_time>\d\d:\d\d:\d\d(?:\.\d+)?)? ?"
+    r"(?P<c_src>[\w.]+\.(?:cpp|hpp|h|cc)):\d+\] (?P<c_msg>.*)$"
+)
+# glog-style: PyTorch 1.x C++ and torchelastic >= 2.4 (`W1130 14:58:48.527000 2133 torch/.../api.py:1012] msg`).
+_GLOG = (
+    r"^(?P<g_level>[IWEF])(?P<g_md>\d{4}) (?P<g_time>\d\d:\d\d:\d\d\.\d+)\s+\d+ "
+    r"[\w./\-]+\.(?:cpp|py|cc|h):\d+\] (?P<g_msg>.*)$"
+)
+_PY_EXCEPTION = (
+    r"^(?P<exc_type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Warning)|KeyboardInterrupt|StopIteration))"
+    r"(?::\s?(?P<exc_msg>.*))?$"
+)
+_TRACEBACK_LINE = r'^\s*(?:File ".*", line \d+|Traceback \(most recent call last\)|\^+\s*$|~*\^+~*\s*$)|^\s{2,}\S'
+
+# --- line kinds -------------------------------------------------------------------------------------
+# (kind, severity, regex over the message, restricted to lines with this header family or None for any)
+# First match wins, so specific kinds precede generic ones.
+
+
+@dataclass(frozen=True)
+class LineKind:
+    kind: str
+    severity: str
+    pattern: str
+    family: str | None = None  # "nccl", "c10d", or None (any line)
+
+
+LINE_KINDS: tuple[LineKind, ...] = (
+    # NCCL debug output
+    LineKind("nccl.warn", "warning", r"^", "nccl_warn"),
+    LineKind("nccl.error_chain", "info", r"^[\w/.\-]+\.(?:cc|h|c|cpp):\d+ -> \d+", "nccl"),
+    LineKind("nccl.version", "info", r"^NCCL version \S+", "nccl"),
+    LineKind("nccl.comm_init", "info", r"comm 0x[0-9a-fA-F]+ rank \d+ nr?anks \d+ cudaDev \d+.*Init (?:START|COMPLETE)", "nccl"),
+    LineKind("nccl.comm_teardown", "info", r"- (?:Abort|Destroy) (?:START|COMPLETE)", "nccl"),
+    LineKind("nccl.env", "info", r" set by environment to ", "nccl"),
+    LineKind("nccl.transport", "info", r" via (?:P2P|SHM|NET|COLLNET|direct shared memory)", "nccl"),
+    LineKind("nccl.net", "info", r"NET/Plugin|Plugin Path|P2P plugin|Using network|NET/IB|NET/Socket|Bootstrap ?: ?(?:Using|no socket)|No usable listening interface", "nccl"),
+    LineKind("nccl.conn_closed", "warning", r"Connection closed by", "nccl"),
+    LineKind("nccl.cuda_driver", "info", r"^cudaDriverVersion \d+", "nccl"),
+    LineKind("nccl.version", "info", r"^NCCL version \S+\+cuda", None),
+    # PyTorch c10d / ProcessGroupNCCL
+    LineKind("watchdog.timeout", "error", r"Watchdog caught collective operation timeout", None),
+    LineKind("watchdog.pg_status", "error", r"detected by watchdog at work|Timeout at NCCL work:|Received a dump signal due to a collective timeout", None),
+    LineKind("watchdog.heartbeat", "error", r"watchdog got stuck for \d+ seconds|Heartbeat monitor timed out", None),
+    LineKind("watchdog.dump", "info", r"flight recorder dump signal|First PG on this rank to signal dumping|preparing to dump debug info", None),
+    LineKind("watchdog.abort", "error", r"Some NCCL operations have failed or timed out|taking the entire process down|watchdog thread terminated with exception|Terminating the process after attempting to dump", None),
+    LineKind("watchdog.frame", "error", r"(?:checkTimeout|watchdogHandler|ncclCommWatchdog|Watchdog::run|workCleanupLoop)\b", None),
+    LineKind("desync.report", "error", r"Timeout at collective: |are the lagging ranks|joined but didn't finish collective", None),
+    LineKind("c10d.fingerprint_mismatch", "error", r"Detected mismatch between collectives on ranks", None),
+    LineKind("c10d.monitored_barrier", "error", r"failed to pass monitoredBarrier", None),
+    LineKind("nccl.error_raised", "error", r"NCCL error in: ", None),
+    LineKind("nccl.last_error", "error", r"^Last error:", None),
+    LineKind("ddp.unused_parameters", "error", r"Expected to have finished reduction in the prior iteration|did not receive grad for rank|parameters that were not used in producing (?:the )?loss", None),
+    LineKind("c10d.store_error", "error", r"DistStoreError|client socket has timed out|TCP client failed to connect|server socket has failed to|Connection reset by peer|EADDRINUSE|Address already in use", None),
+    # torchrun / torchelastic
+    LineKind("torchrun.worker_failed", "error", r"failed \(exitcode: -?\d+\) local_rank: \d+", None),
+    LineKind("torchrun.sigterm", "info", r"Sending process \d+ closing signal", None),
+    LineKind("torchrun.restart", "warning", r"Worker group FAILED", None),
+    LineKind("torchrun.child_failed", "error", r"ChildFailedError", None),
+    LineKind("torchrun.table_section", "info", r"^(?:Root Cause \(first observed failure\)|Root Cause|Failures|Other Failures):\s*$", None),
+    LineKind("torchrun.table_field", "info", r"^\s*(?:\[\d+\]:|time\s*:|host\s*:|rank\s*:\s*-?\d+ \(local_rank|exitcode\s*:|error_file\s*:|traceback\s*:|msg\s*:)", None),
+    # Python tracebacks
+    LineKind("traceback.start", "info", r"Traceback \(most recent call last\)", None),
+    LineKind("traceback.exception", "error", _PY_EXCEPTION, None),
+    LineKind("native.frame", "info", r"^#\d+\s+0x[0-9a-f]+ in ", None),
+    # system, scheduler and hardware
+    LineKind("system.xid", "error", r"NVRM: Xid|\bXid \(PCI:", None),
+    LineKind("system.oom_kill", "error", r"Out of memory: Kill(?:ed)? process|oom_kill event|oom-kill|invoked oom-killer|Memory cgroup out of memory", None),
+    LineKind("slurm.task_exit", "error", r"^srun: error: \S+: tasks? [\d,\-]+: ", None),
+    LineKind("slurm.cancelled", "error", r"slurmstepd: error: \*\*\* (?:STEP|JOB) ", None),
+    LineKind("gpu.process", "info", r"(?:^|\|)\s*\d+\s+N/A\s+N/A\s+\d+\s+(?:C|G|C\+G)\s+.*\d+MiB\s*\|?\s*$", None),
+    LineKind("cuda.error", "error", r"CUDA error: |CUDA out of memory|uncorrectable ECC error|CUBLAS_STATUS_|cudaErrorLaunchFailure|an illegal memory access", None),
+    LineKind("system.io_error", "error", r"No space left on device|Disk quota exceeded|Input/output error|Read-only file system|file write failed|Errno 28|Errno 5\]", None),
+    LineKind("checkpoint.error", "error", r"PytorchStreamReader failed|failed finding central directory|checkpoints? paths are missing|Error\(s\) in loading state_dict|unexpected EOF|invalid load key", None),
+    # training progress
+    LineKind("progress", "info", r"\d+%\|[^|]*\|\s*\d+/\d+ \[", None),
+    LineKind("train.step", "info", r"(?i)\b(?:iter(?:ation)?|step|global_step)\b[ =:#]*\d+\b.*\bloss\b", None),
+    LineKind("train.end", "info", r"`Trainer.fit` stopped|Training completed|training finished|Finished training", None),
+    LineKind("log.error", "error", r"\b(?:ERROR|FATAL|CRITICAL)\b|\bError: ", None),
+)
+
+_KIND_SEVERITY = {k.kind: k.severity for k in LINE_KINDS}
+
+
+def parse_text_file(item: InputFile, year_hint: int) -> pl.DataFrame:
+    """All events of one text log. Sets `item.lines` / `item.unparsed_lines`."""
+    frames: list[pl.DataFrame] = []
+    first_line = 1
+    last_line: pl.DataFrame | None = None
+    for chunk in iter_text_chunks(item):
+        lines = peel_prefixes(lines_frame(chunk, item.path, first_line))
+        first_line += lines.height
+        item.lines += lines.height
+        classified = _classify(lines)
+        kept = classified.filter(pl.col("kind").is_not_null())
+        item.unparsed_lines += classified.filter(
+            pl.col("kind").is_null() & (pl.col("body").str.strip_chars().str.len_chars() > 0)
+        ).height
+        frames.append(_to_events(kept, lines, year_hint))
+        non_empty = lines.filter(pl.col("body").str.strip_chars().str.len_chars() > 0)
+        if non_empty.height:
+            last_line = non_empty.tail(1)
+    if last_line is not None:
+        frames.append(_last_line_event(last_line, year_hint))
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return empty_events()
+    return pl.concat(frames, how="vertical")
+
+
+def _classify(lines: pl.DataFrame) -> pl.DataFrame:
+    frame = lines.with_columns(pl.col("body").str.extract_groups(_NCCL).alias("_n")).unnest("_n")
+    is_nccl = pl.col("nccl_level").is_not_null()
+    has_c10d_hint = pl.col("body").str.contains("] ", literal=True) & ~is_nccl
+    frame = frame.with_columns(
+        pl.when(has_c10d_hint).then(pl.col("body").str.extract_groups(_C10D)).alias("_c"),
+        pl.when(~is_nccl).then(pl.col("body").str.extract_groups(_GLOG)).alias("_g"),
+    ).unnest("_c", "_g")
+    message = pl.coalesce("nccl_msg", "c_msg", "g_msg", "body")
+    frame = frame.with_columns(message.alias("message"))
+    kind_expr = pl.lit(None, dtype=pl.String)
+    for line_kind in reversed(LINE_KINDS):
+        if line_kind.family == "nccl_warn":
+            condition = pl.col("nccl_level") == "WARN"
+        elif line_kind.family == "nccl":
+            condition = is_nccl & pl.col("message").str.contains(line_kind.pattern)
+        else:
+            condition = pl.col("message").str.contains(line_kind.pattern)
+        kind_expr = pl.when(condition).then(pl.lit(line_kind.kind)).otherwise(kind_expr)
+    level_kind = (
+        pl.when(pl.col("c_level").is_in(["E", "F"]) | pl.col("g_level").is_in(["E", "F"]))
+        .then(pl.lit("c10d.error"))
+        .when(pl.col("c_level") == "W")
+        .then(pl.lit("c10d.warning"))
+    )
+    return frame.with_columns(pl.coalesce(kind_expr, level_kind).alias("kind"))
+
+
+def _to_events(kept: pl.DataFrame, lines: pl.DataFrame, year_hint: int) -> pl.DataFrame:
+    if kept.height == 0:
+        return empty_events()
+    base = kept.with_columns(
+        pl.coalesce(pl.col("nccl_host"), pl.col("pfx_host")).alias("host"),
+        pl.coalesce(pl.col("nccl_pid").cast(pl.Int64, strict=False), pl.col("pfx_pid")).alias("pid"),
+        pl.col("nccl_tid").cast(pl.Int64, strict=False).alias("tid"),
+        pl.col("nccl_dev").cast(pl.Int64, strict=False).alias("device"),
+        pl.col("pfx_rank").alias("rank"),
+        pl.col("pfx_local_rank").alias("local_rank"),
+        pl.when(pl.col("nccl_level").is_not_null())
+        .then(pl.lit("nccl"))
+        .when(pl.col("c_level").is_not_null() | pl.col("g_level").is_not_null())
+        .then(pl.lit("c10d"))
+        .when(pl.col("kind").str.starts_with("torchrun"))
+        .then(pl.lit("torchrun"))
+        .when(pl.col("kind").str.starts_with("traceback"))
+        .then(pl.lit("python"))
+        .when(pl.col("kind").str.contains(r"^(?:system|slurm|gpu)\."))
+        .then(pl.lit("system"))
+        .otherwise(pl.lit("text"))
+        .alias("source"),
+        _severity_expr().alias("severity"),
+        pl.col("text").str.slice(0, 2000),
+    )
+    base = _with_timestamps(base, year_hint)
+    base = _with_regex_fields(base)
+    base = _with_grammar_fields(base)
+    base = _with_context(base, lines)
+    return conform(base)
+
+
+def _severity_expr() -> pl.Expr:
+    by_kind = pl.col("kind").replace_strict(_KIND_SEVERITY, default=None)
+    by_level = pl.coalesce("c_level", "g_level").replace_strict(
+        {"I": "info", "W": "warning", "E": "error", "F": "fatal"}, default=None
+    )
+    nccl_warn = pl.when(pl.col("nccl_level") == "WARN").then(pl.lit("warning"))
+    return pl.coalesce(nccl_warn, by_level, by_kind, pl.lit("info"))
+
+
+def _with_timestamps(frame: pl.DataFrame, year_hint: int) -> pl.DataFrame:
+    """Wall-clock times from whichever header had one. c10d/glog omit the year: `year_hint` fills it."""
+    nccl_ts = pl.col("nccl_ts").str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us")
+    md = pl.coalesce("c_md", "g_md").str.zfill(4)
+    clock = pl.coalesce("c_time", "g_time")
+    c10d_ts = (pl.lit(str(year_hint)) + md + pl.lit(" ") + clock.str.slice(0, 15)).str.to_datetime(
+        "%Y%m%d %H:%M:%S%.f", strict=False, time_unit="us"
+    )
+    collector = pl.col("collector_ts").str.replace(",", ".").str.replace("T", " ").str.replace("Z", "")
+    collector_ts = collector.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us")
+    collector_ts = pl.coalesce(collector_ts, collector.str.to_datetime("%Y-%m-%d %H:%M", strict=False, time_unit="us"))
+    return frame.with_columns(
+        pl.coalesce(nccl_ts, c10d_ts, collector_ts).dt.replace_time_zone("UTC").alias("ts"),
+        pl.when(nccl_ts.is_not_null())
+        .then(pl.lit("nccl"))
+        .when(c10d_ts.is_not_null())
+        .then(pl.lit("c10d-year-inferred"))
+        .when(collector_ts.is_not_null())
+        .then(pl.lit("collector"))
+        .alias("ts_source"),
+    )
+
+
+def _int(pattern: str, group: int = 1) -> pl.Expr:
+    return pl.col("message").str.extract(pattern, group).cast(pl.Int64, strict=False)
+
+
+def _with_regex_fields(frame: pl.DataFrame) -> pl.DataFrame:
+    """Fields that are cheap to pull with vectorised regex (lines that scale with ranks x comms)."""
+    kind = pl.col("kind")
+    comm = kind == "nccl.comm_init"
+    exc = kind == "traceback.exception"
+    raised = kind == "nccl.error_raised"
+    mismatch = kind == "c10d.fingerprint_mismatch"
+    return frame.with_columns(
+        pl.coalesce(
+            pl.when(mismatch).then(_int(r"Rank (\d+) is running collective")),
+            pl.when(kind == "ddp.unused_parameters").then(_int(r"for rank (\d+)")),
+            pl.col("rank"),
+        ).alias("rank"),
+        pl.when(comm).then(_int(r" nr?anks (\d+)")).alias("nranks"),
+        pl.when(comm).then(pl.col("message").str.extract(r"busId ([0-9a-fA-F]+)")).alias("peer"),
+        pl.when(comm).then(_int(r"cudaDev (\d+)")).otherwise(pl.col("device")).alias("device"),
+        pl.coalesce(
+            pl.when(comm).then(pl.col("message").str.extract(r"comm (0x[0-9a-fA-F]+)")),
+            pl.col("message").str.extract(r"\[(?:PG ID |PG )?(\d+)(?: PG GUID \d+)?(?:\s*\(([^)]*)\))? Rank \d+\]"),
+        ).alias("pg"),
+        pl.coalesce(
+            pl.when(comm).then(_int(r" rank (\d+) nr?anks")),
+            pl.col("message").str.extract(r"\[(?:PG[^\]]*)?Rank (\d+)\]").cast(pl.Int64, strict=False),
+        ).alias("pg_rank"),
+        pl.coalesce(
+            pl.when(exc).then(pl.col("message").str.extract(_PY_EXCEPTION, 1)),
+            pl.when(raised).then(pl.col("message").str.extract(r"(unhan\w*led system error|unhandled cuda error|internal error|invalid usage|invalid argument|remote process exited|ncclSystemError|ncclInternalError|ncclInvalidUsage|ncclUnhandledCudaError|ncclRemoteError)")),
+            pl.when(kind == "torchrun.worker_failed").then(pl.col("message").str.extract(r"exitcode: (-?\d+)")),
+            pl.when(kind == "nccl.env").then(pl.col("message").str.extract(r"(\w+) set by environment")),
+        ).alias("code"),
+        pl.when(kind == "torchrun.worker_failed").then(_int(r"exitcode: (-?\d+)")).alias("exitcode"),
+        pl.when(kind == "torchrun.worker_failed").then(_int(r"local_rank: (\d+)")).otherwise(pl.col("local_rank")).alias("local_rank"),
+        pl.when(mismatch)
+        .then(
+            pl.concat_list(
+                _int(r"Rank (\d+) is running collective"),
+                _int(r"but Rank (\d+) is running collective"),
+            ).list.drop_nulls()
+        )
+        .when(kind == "c10d.monitored_barrier")
+        .then(pl.col("message").str.extract(r"Ranks? ([\d, ]+) failed to pass").str.extract_all(r"\d+").cast(pl.List(pl.Int64)))
+        .when(kind == "desync.report")
+        .then(pl.col("message").str.extract(r"\[([\d,\s]+)\]").str.extract_all(r"\d+").cast(pl.List(pl.Int64)))
+        .alias("ranks_ref"),
+        pl.coalesce(
+            pl.when(mismatch).then(_int(r"SequenceNumber=(\d+)")),
+            pl.when(kind == "desync.report").then(_int(r"#(\d+)")),
+        ).alias("seq"),
+        pl.when(mismatch).then(pl.col("message").str.extract(r"OpType=(\w+)")).when(kind == "desync.report").then(
+            pl.col("message").str.extract(r"Timeout at collective: (\w+)")
+        ).alias("op"),
+    )
+
+
+def _with_grammar_fields(frame: pl.DataFrame) -> pl.DataFrame:
+    """The rare structured lines: message segments found by a literal go through Lark."""
+    segments = frame.select(
+        pl.col("kind"),
+        pl.col("message").str.extract(r"(WorkNCCL\((?:[^()]|\(ms\))*\))").alias("work"),
+        pl.col("message").str.extract(r"((?:failure detected by|Exception \(either|Timeout at NCCL work:|Received a dump signal).*)").alias("status"),
+        pl.when(pl.col("kind") == "nccl.warn").then(pl.col("message")).alias("warn"),
+    )
+    work_rows = [_parse_work(w) for w in segments.get_column("work").to_list()]
+    status_rows = [_parse_status(s) for s in segments.get_column("status").to_list()]
+    warn_rows = [_parse_warn(w) for w in segments.get_column("warn").to_list()]
+    parsed = pl.DataFrame(
+        {
+            "g_seq": [w.get("seq") if w else s.get("seq") if s else None for w, s in zip(work_rows, status_rows)],
+            "g_op": [w.get("op") if w else None for w in work_rows],
+            "g_numel_in": [w.get("numel_in") if w else None for w in work_rows],
+            "g_numel_out": [w.get("numel_out") if w else None for w in work_rows],
+            "g_timeout": [w.get("timeout_ms") if w else None for w in work_rows],
+            "g_enq": [s.get("last_enqueued") if s else None for s in status_rows],
+            "g_done": [s.get("last_completed") if s else None for s in status_rows],
+            "g_peer": [x.get("peer") if x else None for x in warn_rows],
+            "g_code": [x.get("code") if x else None for x in warn_rows],
+            "g_ranks": [x.get("ranks") if x else None for x in warn_rows],
+        },
+        schema={
+            "g_seq": pl.Int64, "g_op": pl.String, "g_numel_in": pl.Int64, "g_numel_out": pl.Int64,
+            "g_timeout": pl.Int64, "g_enq": pl.Int64, "g_done": pl.Int64, "g_peer": pl.String,
+            "g_code": pl.String, "g_ranks": pl.List(pl.Int64),
+        },
+    )
+    return pl.concat([frame, parsed], how="horizontal").with_columns(
+        pl.coalesce("seq", "g_seq").alias("seq"),
+        pl.coalesce("op", "g_op").alias("op"),
+        pl.col("g_numel_in").alias("numel_in"),
+        pl.col("g_numel_out").alias("numel_out"),
+        pl.col("g_timeout").alias("timeout_ms"),
+        pl.col("g_enq").alias("last_enqueued"),
+        pl.col("g_done").alias("last_completed"),
+        pl.coalesce("g_peer", "peer").alias("peer"),
+        pl.coalesce("g_code", "code").alias("code"),
+        pl.coalesce("ranks_ref", "g_ranks").alias("ranks_ref"),
+    )
+
+
+def _parse_work(segment: str | None) -> dict | None:
+    return parse_body("c10d", "work", segment) if segment else None
+
+
+def _parse_status(segment: str | None) -> dict | None:
+    return parse_body("c10d", "pg_status", segment) if segment else None
+
+
+# The WARN families with structure; the literal picks the grammar start symbol.
+_WARN_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("Got completion from peer", "ib_completion"),
+    ("async event", "ib_async"),
+    ("Duplicate GPU detected", "duplicate_gpu"),
+    ("Connection closed by remote peer", "peer_closed"),
+    ("Connect to ", "connect_failed"),
+    ("Cuda failure", "cuda_failure"),
+)
+_IBV_STATUS = {1: "IBV_WC_LOC_LEN_ERR", 2: "IBV_WC_LOC_QP_OP_ERR", 4: "IBV_WC_LOC_PROT_ERR", 5: "IBV_WC_WR_FLUSH_ERR",
+               9: "IBV_WC_REM_INV_REQ_ERR", 10: "IBV_WC_REM_ACCESS_ERR", 11: "IBV_WC_REM_OP_ERR",
+               12: "IBV_WC_RETRY_EXC_ERR", 13: "IBV_WC_RNR_RETRY_EXC_ERR"}
+
+
+def _parse_warn(message: str | None) -> dict | None:
+    if not message:
+        return None
+    for literal, start in _WARN_FAMILIES:
+        position = message.find(literal)
+        if position < 0:
+            continue
+        segment = message[max(0, message.rfind("NET/IB", 0, position + 1)) :] if start.startswith("ib_") else message
+        if start in ("connect_failed", "peer_closed"):
+            segment = message[max(0, message.rfind(" ", 0, max(position - 1, 0)) + 1) :] if ":" in message[:position] else message
+        fields = parse_body("nccl", start, segment.strip()) or parse_body("nccl", start, message[position:].strip())
+        if not fields:
+            return None
+        if "status" in fields:
+            fields["code"] = fields.get("status_name") or _IBV_STATUS.get(fields["status"], f"status {fields['status']}")
+        elif "event" in fields:
+            fields["code"] = fields["event"]
+        elif "cuda_error" in fields:
+            fields["code"] = fields["cuda_error"]
+        return fields
+    return None
+
+
+def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
+    """Attach multi-line context to the lines that need it: tracebacks, `Last error:`, wrapped WorkNCCL."""
+    stream = ["file", "pfx_rank", "pfx_host"]
+    ctx = lines.select("line", *stream, "body").with_columns(
+        pl.col("body").str.contains(_TRACEBACK_LINE).alias("tb"),
+        pl.col("body").str.strip_chars().alias("stripped"),
+    )
+    ctx = ctx.sort([*stream, "line"], nulls_last=True).with_columns(
+        pl.col("tb").shift(1).over(stream).fill_null(False).alias("prev_tb"),
+        pl.col("stripped").shift(-1).over(stream).alias("next1"),
+        pl.col("stripped").shift(-2).over(stream).alias("next2"),
+        pl.col("stripped").shift(-3).over(stream).alias("next3"),
+    )
+    ctx = ctx.with_columns((pl.col("tb") & ~pl.col("prev_tb")).cum_sum().over(stream).alias("block"))
+    stacks = (
+        ctx.filter(pl.col("tb"))
+        .group_by([*stream, "block"])
+        .agg(pl.col("stripped").filter(pl.col("stripped").str.len_chars() > 0).tail(40).str.join(" | ").alias("stack"))
+    )
+    ctx = ctx.join(stacks, on=[*stream, "block"], how="left", nulls_equal=True).with_columns(
+        pl.when(pl.col("prev_tb")).then(pl.col("stack")).alias("stack")
+    )
+    last_error = pl.coalesce(
+        *[
+            pl.when(pl.col(n).str.starts_with("Last error:")).then(
+                pl.when(pl.col(n).str.strip_prefix("Last error:").str.strip_chars().str.len_chars() > 0)
+                .then(pl.col(n).str.strip_prefix("Last error:").str.strip_chars())
+                .otherwise(pl.col(m))
+            )
+            for n, m in (("next1", "next2"), ("next2", "next3"))
+        ]
+    )
+    wrapped_work = pl.coalesce(
+        *[pl.col(n).str.extract(r"(WorkNCCL\((?:[^()]|\(ms\))*\))") for n in ("next1", "next2")]
+    )
+    ctx = ctx.select("line", *stream, "stack", last_error.alias("last_error"), wrapped_work.alias("next_work"))
+    events = events.join(ctx, on=["line", *stream], how="left", nulls_equal=True)
+    kind = pl.col("kind")
+    events = events.with_columns(
+        pl.when(kind == "nccl.error_raised")
+        .then(pl.col("last_error"))
+        .when(kind == "traceback.exception")
+        .then(pl.col("stack"))
+        .alias("detail")
+    )
+    return _merge_wrapped_work(events)
+
+
+def _merge_wrapped_work(events: pl.DataFrame) -> pl.DataFrame:
+    """A terminal-wrapped watchdog line carries its WorkNCCL record on the next line."""
+    needs = (pl.col("kind") == "watchdog.timeout") & pl.col("op").is_null() & pl.col("next_work").is_not_null()
+    if events.filter(needs).height == 0:
+        return events
+    parsed = [
+        _parse_work(w) if n else None
+        for w, n in zip(events.get_column("next_work").to_list(), events.select(needs).to_series().to_list())
+    ]
+    fill = pl.DataFrame(
+        {
+            "w_seq": [p.get("seq") if p else None for p in parsed],
+            "w_op": [p.get("op") if p else None for p in parsed],
+            "w_in": [p.get("numel_in") if p else None for p in parsed],
+            "w_out": [p.get("numel_out") if p else None for p in parsed],
+            "w_to": [p.get("timeout_ms") if p else None for p in parsed],
+        },
+        schema={"w_seq": pl.Int64, "w_op": pl.String, "w_in": pl.Int64, "w_out": pl.Int64, "w_to": pl.Int64},
+    )
+    return pl.concat([events, fill], how="horizontal").with_columns(
+        pl.coalesce("seq", "w_seq").alias("seq"),
+        pl.coalesce("op", "w_op").alias("op"),
+        pl.coalesce("numel_in", "w_in").alias("numel_in"),
+        pl.coalesce("numel_out", "w_out").alias("numel_out"),
+        pl.coalesce("timeout_ms", "w_to").alias("timeout_ms"),
+    )
+
+
+def _last_line_event(last: pl.DataFrame, year_hint: int) -> pl.DataFrame:
+    frame = last.with_columns(
+        pl.lit("log.last").alias("kind"),
+        pl.col("body").alias("message"),
+        pl.col("pfx_rank").alias("rank"),
+        pl.col("pfx_local_rank").alias("local_rank"),
+        pl.col("pfx_host").alias("host"),
+        pl.lit("text").alias("source"),
+        pl.lit("info").alias("severity"),
+    )
+    return conform(frame)
+
+
+def year_hint_for(item: InputFile) -> int:
+    """c10d headers have no year; the file's modification time is the best local guess."""
+    try:
+        if item._disk_path is not None:
+            return datetime.fromtimestamp(item._disk_path.stat().st_mtime, tz=timezone.utc).year
+    except OSError:
+        pass
+    return datetime.now(tz=timezone.utc).year

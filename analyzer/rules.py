@@ -1,0 +1,171 @@
+"""The signature catalogue: load, validate and compile the rule files in `rules/`.
+
+A rule is data (one TOML file each): metadata, either a `[match]` table compiled to one polars
+boolean expression over canonical event columns, or `analysis = "name"` naming a cross-rank
+analysis that emits it, and its own must-match / must-not-match test lines. Unknown keys are
+errors, so a typo never silently disables a rule.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import polars as pl
+
+from analyzer.resources import data_dir
+
+CATEGORIES = frozenset(
+    {
+        "none", "nccl_init_failure", "shm_too_small", "nccl_timeout", "rank_absent_from_collective",
+        "collective_mismatch", "network_unreachable_or_firewall", "wrong_network_interface",
+        "ib_link_or_hca_error", "nccl_version_mismatch", "duplicate_gpu_or_cuda_visible_devices",
+        "gpu_hardware_xid", "cuda_oom_on_some_ranks", "ddp_unused_parameters",
+        "rank_crash_exception_then_hang", "disk_full_or_io", "checkpoint_corruption",
+        "p2p_nvlink_or_pcie_error", "degraded_transport", "straggler", "fragmented_memory",
+        "host_oom_or_killed", "other",
+    }
+)
+SEVERITIES = frozenset({"error", "warning", "info"})
+ROLES = frozenset({"cause", "symptom", "context"})
+ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "none"})
+TOP_KEYS = frozenset(
+    {"id", "title", "category", "severity", "role", "priority", "confidence", "attribution", "explanation",
+     "remediation", "references", "match", "analysis", "tests"}
+)
+MATCH_KEYS = frozenset({"kinds", "anywhere", "message", "message_all", "message_not", "detail", "detail_not", "code", "severity"})
+TEST_KEYS = frozenset({"must_match", "must_not_match", "fixtures", "known_gaps"})
+
+
+class RuleError(ValueError):
+    """A catalogue file is malformed; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    category: str
+    severity: str
+    role: str
+    priority: int
+    confidence: float
+    attribution: str
+    explanation: str
+    remediation: str
+    references: tuple[str, ...]
+    path: Path
+    match: dict = field(default_factory=dict)
+    analysis: str | None = None
+    tests: dict = field(default_factory=dict)
+
+    def expression(self) -> pl.Expr:
+        """This rule's match as one boolean polars expression over the event frame."""
+        conditions: list[pl.Expr] = []
+        spec = self.match
+        if "kinds" in spec:
+            conditions.append(pl.col("kind").is_in(spec["kinds"]))
+        if "severity" in spec:
+            conditions.append(pl.col("severity").is_in(spec["severity"]))
+        for key, column in (("message", "message"), ("detail", "detail"), ("code", "code")):
+            if key in spec:
+                conditions.append(pl.col(column).fill_null("").str.contains(_any(spec[key])))
+        if "anywhere" in spec:
+            both = pl.concat_str([pl.col("message").fill_null(""), pl.col("detail").fill_null("")], separator="\n")
+            conditions.append(both.str.contains(_any(spec["anywhere"])))
+        for pattern in spec.get("message_all", []):
+            conditions.append(pl.col("message").fill_null("").str.contains(pattern))
+        for key, column in (("message_not", "message"), ("detail_not", "detail")):
+            if key in spec:
+                conditions.append(~pl.col(column).fill_null("").str.contains(_any(spec[key])))
+        expr = pl.lit(True)
+        for condition in conditions:
+            expr = expr & condition
+        return expr.fill_null(False)
+
+
+def _any(patterns: list[str]) -> str:
+    return "|".join(f"(?:{p})" for p in patterns)
+
+
+def load_rule(path: Path) -> Rule:
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise RuleError(f"{path.name}: not valid TOML: {exc}") from exc
+    unknown = set(doc) - TOP_KEYS
+    if unknown:
+        raise RuleError(f"{path.name}: unknown keys {sorted(unknown)}")
+    for key in ("id", "title", "category", "severity", "role", "priority", "confidence", "explanation", "remediation"):
+        if key not in doc:
+            raise RuleError(f"{path.name}: missing required key {key!r}")
+    if doc["id"] != path.stem:
+        raise RuleError(f"{path.name}: id {doc['id']!r} must equal the file name")
+    _check_member(path, "category", doc["category"], CATEGORIES)
+    _check_member(path, "severity", doc["severity"], SEVERITIES)
+    _check_member(path, "role", doc["role"], ROLES)
+    _check_member(path, "attribution", doc.get("attribution", "ranks"), ATTRIBUTIONS)
+    has_match, has_analysis = "match" in doc, "analysis" in doc
+    if has_match == has_analysis:
+        raise RuleError(f"{path.name}: needs exactly one of [match] or analysis")
+    if has_match:
+        unknown = set(doc["match"]) - MATCH_KEYS
+        if unknown:
+            raise RuleError(f"{path.name}: unknown [match] keys {sorted(unknown)}")
+        _check_patterns(path, doc["match"])
+    tests = doc.get("tests", {})
+    unknown = set(tests) - TEST_KEYS
+    if unknown:
+        raise RuleError(f"{path.name}: unknown [tests] keys {sorted(unknown)}")
+    if not 0.0 < float(doc["confidence"]) <= 1.0:
+        raise RuleError(f"{path.name}: confidence must be in (0, 1]")
+    return Rule(
+        id=doc["id"],
+        title=doc["title"],
+        category=doc["category"],
+        severity=doc["severity"],
+        role=doc["role"],
+        priority=int(doc["priority"]),
+        confidence=float(doc["confidence"]),
+        attribution=doc.get("attribution", "ranks"),
+        explanation=doc["explanation"].strip(),
+        remediation=doc["remediation"].strip(),
+        references=tuple(doc.get("references", ())),
+        path=path,
+        match=doc.get("match", {}),
+        analysis=doc.get("analysis"),
+        tests=tests,
+    )
+
+
+def _check_member(path: Path, key: str, value: str, allowed: frozenset[str]) -> None:
+    if value not in allowed:
+        raise RuleError(f"{path.name}: {key} {value!r} is not one of {sorted(allowed)}")
+
+
+def _check_patterns(path: Path, match: dict) -> None:
+    probe = pl.Series([""], dtype=pl.String)
+    for key, value in match.items():
+        if key in ("kinds", "severity"):
+            continue
+        for pattern in value:
+            try:
+                probe.str.contains(pattern)
+            except Exception as exc:  # noqa: BLE001 - polars raises ComputeError for bad regexes
+                raise RuleError(f"{path.name}: [match].{key} pattern {pattern!r} does not compile: {exc}") from exc
+
+
+@cache
+def catalogue(directory: str | None = None) -> tuple[Rule, ...]:
+    root = Path(directory) if directory else data_dir("rules")
+    rules = tuple(load_rule(p) for p in sorted(root.glob("*.toml")))
+    ids = [r.id for r in rules]
+    if len(ids) != len(set(ids)):
+        raise RuleError("duplicate rule ids in the catalogue")
+    return rules
+
+
+def rules_by_id() -> dict[str, Rule]:
+    return {rule.id: rule for rule in catalogue()}
