@@ -48,11 +48,24 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
         reasons = "; ".join(f"{i.path}: {i.reason}" for i in inputs[:5])
         raise NothingToAnalyse(f"{path}: nothing readable ({reasons})")
     events, facts = correlate(raw, inputs)
+    _record_input_ranks(events, inputs)
     rules = rules_by_id()
     detection = detect(events, facts.context(events))
     decision = decide(detection.findings, rules)
     report = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems)
     return Analysis(events, decision.ranked, facts, inputs, report)
+
+
+def _record_input_ranks(events: pl.DataFrame, inputs: list[InputFile]) -> None:
+    """Correlate may attribute a file's lines to ranks that parsing alone could not see."""
+    per_file = dict(
+        events.filter(pl.col("rank").is_not_null())
+        .group_by("file")
+        .agg(pl.col("rank").unique().sort())
+        .iter_rows()
+    )
+    for item in inputs:
+        item.ranks = per_file.get(item.path, item.ranks)
 
 
 def build_report(

@@ -40,6 +40,8 @@ def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFra
     events = _ranks_from_pids(events)
     events = _ranks_from_single_rank_files(events)
     events = _hosts_from_ranks(events)
+    # Joins do not keep row order; event ids must be stable for deterministic reports.
+    events = events.sort(["file", "line", "kind"], nulls_last=True, maintain_order=True)
     events = events.with_row_index("event_id").with_columns(pl.col("event_id").cast(pl.Int64))
     return events, _facts(events)
 

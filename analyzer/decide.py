@@ -45,9 +45,10 @@ def decide(findings: pl.DataFrame, rules: dict[str, Rule]) -> Decision:
             ((pl.col("ranks").list.len() > 0) | (pl.col("hosts").list.len() > 0)).alias("_named"),
         )
         .sort(
-            ["_sev", "_role", "priority", "confidence", "_named", "first_event"],
-            descending=[False, False, True, True, True, False],
+            ["_sev", "_role", "priority", "confidence", "_named", "first_event", "rule_id", "summary"],
+            descending=[False, False, True, True, True, False, False, False],
             nulls_last=True,
+            maintain_order=True,
         )
         .drop("_role", "_sev", "_named")
     )

@@ -242,12 +242,12 @@ def _classify(item: InputFile) -> None:
     if _PYSPY_TEXT.match(head):
         item.format = "pyspy_text"
         return
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or _looks_utf16(head):
+        item.format = "text-utf16"
+        return
     if _looks_binary(head):
         item.format = "binary"
         item.skip("binary content (not a log, dump or trace this version reads)")
-        return
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or _looks_utf16(head):
-        item.format = "text-utf16"
         return
     item.format = "text"
 

@@ -130,14 +130,19 @@ def load_rule(path: Path) -> Rule:
         priority=int(doc["priority"]),
         confidence=float(doc["confidence"]),
         attribution=doc.get("attribution", "ranks"),
-        explanation=doc["explanation"].strip(),
-        remediation=doc["remediation"].strip(),
+        explanation=_paragraphs(doc["explanation"]),
+        remediation=_paragraphs(doc["remediation"]),
         references=tuple(doc.get("references", ())),
         path=path,
         match=doc.get("match", {}),
         analysis=doc.get("analysis"),
         tests=tests,
     )
+
+
+def _paragraphs(text: str) -> str:
+    """Rule prose is wrapped in the TOML file; rewrap it so terminals and HTML can flow it."""
+    return "\n\n".join(" ".join(block.split()) for block in text.strip().split("\n\n"))
 
 
 def _check_member(path: Path, key: str, value: str, allowed: frozenset[str]) -> None:

@@ -17,19 +17,25 @@ from analyzer.findings import finding, findings_frame
 
 _CRASH_KINDS = ["traceback.exception", "nccl.error_raised", "cuda.error"]
 _BUSY_KINDS = ["progress", "log.last", "train.end"]
-_RANK_IN_TEXT = r"(?i)\brank[ =:_]?(\d+)\b"
+_RANK_IN_TEXT = r"(?i)\bon rank[ =:_]?(\d+)\b|\brank=(\d+)"
+_PROGRESS_BAR = r"\d+%\|[^|]*\|\s*\d+/\d+ \["
 
 
 @register("hang_heuristics")
 def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    timeouts = events.filter(pl.col("kind") == "watchdog.timeout")
+    timeouts = events.filter(pl.col("kind").is_in(["watchdog.timeout", "watchdog.frame"])).with_columns(
+        pl.coalesce("rank", "pg_rank").alias("rank")
+    )
     if timeouts.height == 0:
         return findings_frame([])
     waiting = set(timeouts.get_column("rank").drop_nulls().to_list())
     crashed = _crashed_peers(events, waiting)
     if crashed is not None:
         return findings_frame([crashed])
-    stuck = timeouts.sort("seq", nulls_last=True).row(0, named=True)
+    stuck = timeouts.sort("seq", "op", nulls_last=True).row(0, named=True)
+    behind = _behind_ranks(events, stuck["seq"])
+    if behind is not None:
+        return findings_frame([behind])
     barrier_like = (stuck["numel_in"] == 1) or (stuck["op"] in ("BARRIER", "ALLREDUCE") and stuck["numel_in"] == 1)
     busy = _busy_rank(events, waiting)
     evidence = timeouts.get_column("event_id").head(10).to_list()
@@ -92,17 +98,41 @@ def _crashed_peers(events: pl.DataFrame, waiting: set[int]) -> dict | None:
     )
 
 
+def _behind_ranks(events: pl.DataFrame, stuck_seq: int | None) -> dict | None:
+    """Ranks whose own status line says they never enqueued the collective the others wait in."""
+    if stuck_seq is None:
+        return None
+    status = events.filter(
+        (pl.col("kind") == "watchdog.pg_status") & pl.col("last_enqueued").is_not_null()
+    ).with_columns(pl.coalesce("rank", "pg_rank").alias("rank"))
+    behind = status.filter((pl.col("last_enqueued") < stuck_seq) & pl.col("rank").is_not_null())
+    if behind.height == 0:
+        return None
+    ranks = behind.get_column("rank").unique().to_list()
+    enqueued = behind.get_column("last_enqueued").max()
+    return finding(
+        "hang-rank-behind-in-sequence",
+        ranks=ranks,
+        hosts=behind.get_column("host").drop_nulls().unique().to_list(),
+        confidence=0.8,
+        summary=f"others wait in collective #{stuck_seq}; rank {_ranks(ranks)} last enqueued #{enqueued}: it never arrived",
+        evidence=behind.get_column("event_id").head(10).to_list(),
+    )
+
+
 def _busy_rank(events: pl.DataFrame, waiting: set[int]) -> tuple[int, int, str] | None:
     """The last rank-specific activity not from a waiting rank: a progress bar or a line naming a rank.
 
     Progress bars are usually printed by the main process only, so an unprefixed one counts as
     rank 0's unless rank 0 is among the waiting ranks.
     """
-    activity = events.filter(pl.col("kind").is_in(_BUSY_KINDS)).with_columns(
+    has_bar = pl.col("text").fill_null("").str.contains(_PROGRESS_BAR)
+    activity = events.filter(pl.col("kind").is_in(_BUSY_KINDS) | has_bar).with_columns(
         pl.coalesce(
             pl.col("message").str.extract(_RANK_IN_TEXT, 1).cast(pl.Int64, strict=False),
+            pl.col("message").str.extract(_RANK_IN_TEXT, 2).cast(pl.Int64, strict=False),
             pl.col("rank"),
-            pl.when(pl.col("kind") == "progress").then(pl.lit(0, dtype=pl.Int64)),
+            pl.when(has_bar).then(pl.lit(0, dtype=pl.Int64)),
         ).alias("busy_rank")
     )
     activity = activity.filter(pl.col("busy_rank").is_not_null() & ~pl.col("busy_rank").is_in(sorted(waiting)))

@@ -24,7 +24,8 @@ from analyzer.parse.lines import lines_frame, peel_prefixes
 # Pasted logs keep markdown bold (`**NCCL WARN`), so asterisks are tolerated.
 _NCCL = (
     r"^\s*(?:\[(?P<nccl_ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] )?"
-    r"(?P<nccl_host>[^\s:\[]+):(?P<nccl_pid>\d+):(?P<nccl_tid>\d+) (?:\[(?P<nccl_dev>\d+)\] )?"
+    # A spliced half-line from another process can precede the host: skip up to a non-host char.
+    r"(?:\S*?[^\w.\-<>\s])?(?P<nccl_host>[\w.\-<>]+):(?P<nccl_pid>\d+):(?P<nccl_tid>\d+) (?:\[(?P<nccl_dev>\d+)\] )?"
     r"(?:[\w/.\-]+\.(?:cc|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**(?:NCCL )?(?P<nccl_level>INFO|WARN|TRACE|CALL|ERROR)\**\s?(?P<nccl_msg>.*)$"
 )
 # `[rank0]:[E1130 14:57:41.704937190 ProcessGroupNCCL.cpp:689] msg`, `[E ProcessGroupNCCL.cpp:458] msg`.
@@ -71,11 +72,12 @@ LINE_KINDS: tuple[LineKind, ...] = (
     LineKind("nccl.cuda_driver", "info", r"^cudaDriverVersion \d+", "nccl"),
     LineKind("nccl.version", "info", r"^NCCL version \S+\+cuda", None),
     # PyTorch c10d / ProcessGroupNCCL
-    LineKind("watchdog.timeout", "error", r"Watchdog caught collective operation timeout", None),
+    LineKind("watchdog.timeout", "error", r"Watchdog caught collective operation timeout|^\s*WorkNCCL\((?:[^()]|\(ms\))*\)\s*(?:ran for|$)", None),
     LineKind("watchdog.pg_status", "error", r"detected by watchdog at work|Timeout at NCCL work:|Received a dump signal due to a collective timeout", None),
     LineKind("watchdog.heartbeat", "error", r"watchdog got stuck for \d+ seconds|Heartbeat monitor timed out", None),
     LineKind("watchdog.dump", "info", r"flight recorder dump signal|First PG on this rank to signal dumping|preparing to dump debug info", None),
     LineKind("watchdog.abort", "error", r"Some NCCL operations have failed or timed out|taking the entire process down|watchdog thread terminated with exception|Terminating the process after attempting to dump", None),
+    LineKind("native.frame", "info", r"^#\d+\s+0x[0-9a-f]+ in ", None),
     LineKind("watchdog.frame", "error", r"(?:checkTimeout|watchdogHandler|ncclCommWatchdog|Watchdog::run|workCleanupLoop)\b", None),
     LineKind("desync.report", "error", r"Timeout at collective: |are the lagging ranks|joined but didn't finish collective", None),
     LineKind("c10d.fingerprint_mismatch", "error", r"Detected mismatch between collectives on ranks", None),
@@ -94,7 +96,6 @@ LINE_KINDS: tuple[LineKind, ...] = (
     # Python tracebacks
     LineKind("traceback.start", "info", r"Traceback \(most recent call last\)", None),
     LineKind("traceback.exception", "error", _PY_EXCEPTION, None),
-    LineKind("native.frame", "info", r"^#\d+\s+0x[0-9a-f]+ in ", None),
     # system, scheduler and hardware
     LineKind("system.xid", "error", r"NVRM: Xid|\bXid \(PCI:", None),
     LineKind("system.oom_kill", "error", r"Out of memory: Kill(?:ed)? process|oom_kill event|oom-kill|invoked oom-killer|Memory cgroup out of memory", None),

@@ -1,0 +1,272 @@
+"""Stage 2, parse (py-spy): `py-spy dump` output (text, --locals, --native, --json) -> canonical events.
+
+One `stack.thread` event per thread: `code` is py-spy's status (`active`, `idle`, `gil`, combined
+as py-spy prints them, e.g. `active+gil`), `detail` the frames innermost first as
+"func (file:line)" joined by " <- ", `message` a one-line summary. Stack clustering (detect) reads
+these. Dumps are small (a few threads of a few dozen frames per process) and the format is
+line-oriented with fixed indents, so a compiled regex per line is all it takes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import Iterator, Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+import polars as pl
+
+from analyzer.discover import DecompressionLimit, InputFile
+from analyzer.events import EVENT_SCHEMA, empty_events
+
+MAX_DUMP_BYTES = 64 << 20
+MAX_FRAMES = 512  # a runaway recursion prints thousands of identical frames; the innermost ones matter
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|^\[0m ?")
+_PROCESS = re.compile(r"^Process (\d+): ?(.*)$")
+_PARENT = re.compile(r"^Parent Process (\d+): ?(.*)$")
+_THREAD = re.compile(r'^Thread (0[xX][0-9a-fA-F]+|\d+) \(([^)]*)\)(?:: "(.*)")?\s*$')
+_FRAME = re.compile(r"^ {4}(\S.*?) \((.*)\)\s*$")  # `    func (file:line)`; locals sit at 8+ spaces
+_LOCALS_LINE = re.compile(r"^ {8}")
+_ERROR = re.compile(r"^(?:Error: |Permission Denied|Failed to )")
+_RANK_WORD = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
+_TRAILING_DIGITS = re.compile(r"(\d+)$")
+_ADDRESS = re.compile(r"^0[xX][0-9a-fA-F]+$")
+
+
+def parse_pyspy_text(item: InputFile) -> pl.DataFrame:
+    """Events of a `py-spy dump` text capture (one or several process blocks)."""
+    text = _read_text(item)
+    if text is None:
+        return empty_events()
+    rows = list(_text_rows(text))
+    if not any(row["kind"] == "stack.thread" for row in rows):
+        _mark_empty(item, text)
+        return empty_events()
+    return _finish(rows, item)
+
+
+def parse_pyspy_json(item: InputFile) -> pl.DataFrame:
+    """Events of `py-spy dump --json` (an array of thread objects; several arrays back to back are fine)."""
+    text = _read_text(item)
+    if text is None:
+        return empty_events()
+    rows = []
+    for dump_index, document in enumerate(_json_documents(text)):
+        threads = document if isinstance(document, list) else [document]
+        seen_pids: set[int] = set()
+        for index, thread in enumerate(threads):
+            if not isinstance(thread, Mapping):
+                continue
+            row = _json_row(thread, dump_index, index)
+            if row["cmdline"] is not None and row["pid"] not in seen_pids:
+                seen_pids.add(row["pid"])
+                rows.append({"kind": "stack.process", "line": 0, "pid": row["pid"], "cmdline": row["cmdline"], "text": row["cmdline"]})
+            rows.append(row)
+    if not any(row["kind"] == "stack.thread" for row in rows):
+        _mark_empty(item, text)
+        return empty_events()
+    return _finish(rows, item)
+
+
+def rank_from_name(path: str, pids: set[int] = frozenset()) -> int | None:
+    """Rank from a dump's path (`dump_rank3.txt`, `rank3/pyspy.txt`, `node1_pyspy_3.txt`), else None.
+
+    Trailing digits count only when they are not a pid of the dump: `py-spy dump --pid 2179 >
+    2179.txt` is common and a pid is not a rank.
+    """
+    parts = PurePosixPath(path.split("!")[-1]).parts
+    for part in reversed(parts):
+        words = _RANK_WORD.findall(part)
+        if words:
+            return int(words[-1])
+    stem = PurePosixPath(parts[-1]).stem if parts else ""
+    match = _TRAILING_DIGITS.search(stem)
+    if match and "pid" not in stem.lower() and int(match.group(1)) not in pids:
+        return int(match.group(1))
+    return None
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def _text_rows(text: str) -> Iterator[dict[str, Any]]:
+    pid: int | None = None
+    cmdline: str | None = None
+    thread: dict[str, Any] | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = _ANSI.sub("", raw.rstrip("\r")) if ("\x1b" in raw or "[0m" in raw) else raw.rstrip("\r")
+        if not line.strip():
+            continue
+        if line.startswith("    "):
+            if thread is None or _LOCALS_LINE.match(line):
+                continue  # Arguments:/Locals: blocks of --locals, or frames outside any thread
+            frame = _FRAME.match(line)
+            if frame and len(thread["frames"]) < MAX_FRAMES:
+                thread["frames"].append(_frame_text(frame.group(1), frame.group(2)))
+            continue
+        match = _THREAD.match(line)
+        if match:
+            if thread is not None:
+                yield thread
+            ident, status, name = match.groups()
+            os_tid = int(ident) if ident.isdigit() else None  # `0X7F..` is a pthread id, not an OS tid
+            thread = {"kind": "stack.thread", "line": number, "pid": pid, "tid": os_tid, "status": status.strip(), "name": name,
+                      "ident": ident, "frames": [], "text": line, "cmdline": cmdline}
+            continue
+        process = _PROCESS.match(line)
+        if process:
+            if thread is not None:
+                yield thread
+                thread = None
+            pid, cmdline = int(process.group(1)), process.group(2).strip()
+            yield {"kind": "stack.process", "line": number, "pid": pid, "cmdline": cmdline, "text": line}
+            continue
+        if _PARENT.match(line) or line.startswith("Python v") or set(line.strip()) <= {"-", "\u2500"}:
+            continue
+        # Anything else (an error message, a stray line) ends the current thread block.
+        if thread is not None:
+            yield thread
+            thread = None
+    if thread is not None:
+        yield thread
+
+
+def _frame_text(function: str, where: str) -> str:
+    # Text and JSON render the same frame the same way: `func (file:line)`, `symbol (lib.so)`.
+    return f"{function} ({where})"
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+
+def _json_documents(text: str) -> Iterator[object]:
+    """Top-level JSON values back to back (several `py-spy dump --json` runs appended to one file)."""
+    decoder = json.JSONDecoder()
+    position, end = 0, len(text)
+    while position < end:
+        while position < end and text[position].isspace():
+            position += 1
+        if position >= end:
+            return
+        try:
+            document, position = decoder.raw_decode(text, position)
+        except ValueError:
+            return
+        yield document
+
+
+def _json_row(thread: Mapping, dump_index: int, index: int) -> dict[str, Any]:
+    active, gil = bool(thread.get("active")), bool(thread.get("owns_gil"))
+    frames = []
+    for frame in (thread.get("frames") or [])[:MAX_FRAMES]:
+        if isinstance(frame, Mapping):
+            frames.append(_json_frame(frame))
+    os_tid = thread.get("os_thread_id")
+    process = thread.get("process_info") if isinstance(thread.get("process_info"), Mapping) else {}
+    return {
+        "kind": "stack.thread",
+        "line": 0,
+        "pid": _int(thread.get("pid")),
+        "tid": _int(os_tid),
+        "status": _status(active, gil),
+        "name": thread.get("thread_name"),
+        "ident": str(os_tid if os_tid is not None else thread.get("thread_id")),
+        "frames": frames,
+        "text": json.dumps({k: thread.get(k) for k in ("pid", "thread_id", "thread_name", "os_thread_id", "active", "owns_gil")}),
+        "cmdline": process.get("command_line") if process else None,
+    }
+
+
+def _json_frame(frame: Mapping) -> str:
+    name = frame.get("name") or "?"
+    filename = frame.get("short_filename") or frame.get("filename") or "?"
+    line = _int(frame.get("line"))
+    if not line:
+        # Native frames carry the library path and line 0; text output shows the basename.
+        if not filename.endswith(".py"):
+            filename = PurePosixPath(filename).name or filename
+        return _frame_text(name, filename)
+    return _frame_text(name, f"{filename}:{line}")
+
+
+def _status(active: bool, gil: bool) -> str:
+    # As py-spy's dump prints it: "active" / "idle", plus "gil" when the thread holds the GIL.
+    parts = ["active"] if active else ([] if gil else ["idle"])
+    if gil:
+        parts.append("gil")
+    return "+".join(parts)
+
+
+# --- shared -------------------------------------------------------------------------------------
+
+
+def _finish(rows: list[dict[str, Any]], item: InputFile) -> pl.DataFrame:
+    pids = {row["pid"] for row in rows if row["pid"] is not None}
+    rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path, pids)
+    threads = [row.get("kind") == "stack.thread" for row in rows]
+    n = len(rows)
+    columns = {
+        "file": [item.path] * n,
+        "line": [row["line"] for row in rows],
+        "pid": [row["pid"] for row in rows],
+        "tid": [row.get("tid") for row in rows],
+        "rank": [rank] * n,
+        "local_rank": [item.local_rank_hint] * n,
+        "source": ["pyspy"] * n,
+        "kind": [row["kind"] for row in rows],
+        "severity": ["info"] * n,
+        "code": [row.get("status") for row in rows],
+        "message": [
+            f'thread "{row["name"] if row["name"] is not None else row["ident"]}" ({row["status"]}): '
+            f'{_innermost(row["frames"])}'
+            if is_thread
+            else f"process {row['pid']}: {row['cmdline']}"
+            for row, is_thread in zip(rows, threads)
+        ],
+        "text": [row["text"] for row in rows],
+        "detail": [(" <- ".join(row["frames"]) or None) if is_thread else None for row, is_thread in zip(rows, threads)],
+    }
+    frame = pl.DataFrame(columns, schema={name: EVENT_SCHEMA[name] for name in columns})
+    return frame.select(
+        [(pl.col(n) if n in columns else pl.lit(None)).cast(t).alias(n) for n, t in EVENT_SCHEMA.items()]
+    )
+
+
+def _innermost(frames: list[str]) -> str:
+    """The innermost frame with a name: --native stacks start with bare addresses (`0x7fb9... (libcuda.so)`)."""
+    if not frames:
+        return "(no frames)"
+    for frame in frames:
+        name = frame.split(" (", 1)[0]
+        if not _ADDRESS.match(name):
+            return name
+    return frames[0].split(" (", 1)[0]
+
+
+def _read_text(item: InputFile) -> str | None:
+    try:
+        data = item.read_all(MAX_DUMP_BYTES)
+    except (ValueError, OSError, EOFError, zlib.error, DecompressionLimit) as exc:
+        item.skip(f"cannot read py-spy dump: {exc}", status="error")
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+def _mark_empty(item: InputFile, text: str) -> None:
+    error = next((line.strip() for line in text.splitlines() if _ERROR.match(line.strip())), None)
+    if error:
+        item.skip(f"py-spy failed: {error}"[:300], status="error")
+    else:
+        item.skip("py-spy output with no thread stacks", status="partial")
+
+
+def _int(value: object) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

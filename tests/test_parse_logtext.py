@@ -1,0 +1,67 @@
+"""Line classification and field extraction on real lines of every era (FORMATS.md)."""
+
+from pathlib import Path
+
+import polars as pl
+
+from analyzer.discover import discover
+from analyzer.parse.logtext import parse_text_file
+
+
+def parse(tmp_path: Path, text: str) -> pl.DataFrame:
+    (tmp_path / "x.log").write_text(text)
+    (item,) = discover(tmp_path)
+    return parse_text_file(item, 2026).filter(pl.col("kind") != "log.last")
+
+
+def test_nccl_warn_with_timestamp_and_func(tmp_path):
+    ev = parse(tmp_path, "\n[2025-03-12 10:11:12] node7:10:20 [3] transport/net_ib.cc:93 (ncclIbAsync) NCCL WARN NET/IB : Got async event : port error\n")
+    row = ev.row(0, named=True)
+    assert (row["kind"], row["host"], row["pid"], row["device"], row["code"]) == ("nccl.warn", "node7", 10, 3, "port error")
+    assert str(row["ts"]).startswith("2025-03-12 10:11:12")
+
+
+def test_watchdog_timeout_fields_and_rank_prefix(tmp_path):
+    ev = parse(tmp_path, "[rank1]:[E1003 18:37:01.833575187 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6463, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800017 milliseconds before timing out.\n")
+    row = ev.row(0, named=True)
+    assert (row["kind"], row["rank"], row["seq"], row["op"], row["numel_in"], row["timeout_ms"]) == ("watchdog.timeout", 1, 6463, "ALLREDUCE", 1, 1800000)
+
+
+def test_wrapped_workncll_is_joined(tmp_path):
+    ev = parse(tmp_path, "[Rank 0] Watchdog caught collective operation timeout:\n  WorkNCCL(SeqNum=9, OpType=BROADCAST, NumelIn=4, NumelOut=4, Timeout(ms)=100)\n  ran for 101 milliseconds before timing out.\n")
+    first = ev.filter(pl.col("line") == 1).row(0, named=True)
+    assert (first["seq"], first["op"]) == (9, "BROADCAST")
+
+
+def test_traceback_exception_carries_its_stack(tmp_path):
+    ev = parse(tmp_path, 'Traceback (most recent call last):\n  File "/x/sync.py", line 57, in __init__\n    sl = self._semlock = _multiprocessing.SemLock(\nOSError: [Errno 28] No space left on device\n')
+    row = ev.filter(pl.col("kind") == "traceback.exception").row(0, named=True)
+    assert row["code"] == "OSError" and "SemLock" in row["detail"]
+
+
+def test_nccl_error_raised_takes_last_error_line(tmp_path):
+    ev = parse(tmp_path, "[rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/NCCLUtils.cpp:93, internal error - please report this issue to the NCCL developers, NCCL version 2.21.5\n[rank0]: ncclInternalError: Internal check failed.\n[rank0]: Last error:\n[rank0]: Bootstrap : no socket interface found\n")
+    row = ev.filter(pl.col("kind") == "nccl.error_raised").row(0, named=True)
+    assert row["rank"] == 0 and row["detail"] == "Bootstrap : no socket interface found"
+
+
+def test_prefix_layers(tmp_path):
+    text = (
+        "10: torch.distributed.DistBackendError: NCCL error in: x.cpp:1, unhandled system error, NCCL version 2.18.1\n"
+        "[default3]:[rank11]:[E1130 14:57:41.7 ProcessGroupNCCL.cpp:689] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, Timeout(ms)=1)\n"
+        "(RayWorkerWrapper pid=270291, ip=10.175.94.190) [rank3]:[E219 08:58:32.606667496 ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0 Rank 3] Timeout at NCCL work: 5, last enqueued NCCL work: 5, last completed NCCL work: 4.\n"
+    )
+    rows = parse(tmp_path, text).sort("line").select("rank", "local_rank", "pid", "pg_rank").rows()
+    assert rows == [(10, None, None, None), (11, 3, None, 3), (3, None, 270291, 3)]
+
+
+def test_pdsh_host_labels(tmp_path):
+    ev = parse(tmp_path, "c000001: FileNotFoundError: [Errno 2] No such file\nc000002:   File \"/a.py\", line 3, in f\nc000002: ValueError: bad\n")
+    assert ev.filter(pl.col("kind") == "traceback.exception").get_column("host").to_list() == ["c000001", "c000002"]
+
+
+def test_unparsed_lines_are_counted(tmp_path):
+    (tmp_path / "x.log").write_text("hello\nworld\nnode1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n")
+    (item,) = discover(tmp_path)
+    parse_text_file(item, 2026)
+    assert (item.lines, item.unparsed_lines) == (3, 2)
