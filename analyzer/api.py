@@ -132,6 +132,18 @@ def _verdict_doc(findings: list[dict], rule: Rule | None) -> dict:
             "evidence": [],
         }
     top = findings[0]
+    if rule.role == "symptom":
+        # Only symptoms were found: the ranks that report them are usually the healthy ones.
+        return {
+            "category": rule.category,
+            "title": rule.title,
+            "summary": top["summary"] + ". Only symptoms were found; the ranks reporting them are not named as culprits.",
+            "culprit_ranks": [],
+            "culprit_hosts": [],
+            "confidence": top["confidence"],
+            "rule_id": rule.id,
+            "evidence": top["evidence"],
+        }
     culprits = ""
     if top["ranks"]:
         culprits += f" Culprit rank(s): {format_ranks(top['ranks'])}."

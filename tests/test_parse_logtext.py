@@ -65,3 +65,23 @@ def test_unparsed_lines_are_counted(tmp_path):
     (item,) = discover(tmp_path)
     parse_text_file(item, 2026)
     assert (item.lines, item.unparsed_lines) == (3, 2)
+
+
+TABLE = (Path(__file__).parent / "data" / "torchrun_child_failed_table.log").read_text()
+
+
+def test_torchrun_failure_table_entries(tmp_path):
+    ev = parse(tmp_path, TABLE).filter(pl.col("kind").is_in(["torchrun.root_cause", "torchrun.failure"])).sort("kind")
+    assert ev.select("kind", "rank", "local_rank", "host", "pid", "exitcode").rows() == [
+        ("torchrun.failure", 1, 1, "localhost", 2180, -15),
+        ("torchrun.root_cause", 0, 0, "localhost", 2179, -6),
+    ]
+
+
+def test_torchrun_root_cause_alone_names_no_culprit(tmp_path):
+    from analyzer.api import analyze
+
+    (tmp_path / "console.log").write_text(TABLE)
+    verdict = analyze(tmp_path).report["verdict"]
+    assert verdict["rule_id"] == "torchrun-worker-failed"
+    assert verdict["culprit_ranks"] == [] and "Only symptoms" in verdict["summary"]

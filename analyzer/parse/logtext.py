@@ -198,7 +198,7 @@ def _to_events(kept: pl.DataFrame, lines: pl.DataFrame, year_hint: int) -> pl.Da
     base = _with_regex_fields(base)
     base = _with_grammar_fields(base)
     base = _with_context(base, lines)
-    return conform(base)
+    return conform(pl.concat([conform(base), _failure_table_entries(base)]))
 
 
 def _severity_expr() -> pl.Expr:
@@ -426,6 +426,49 @@ def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
         .alias("detail")
     )
     return _merge_wrapped_work(events)
+
+
+def _failure_table_entries(events: pl.DataFrame) -> pl.DataFrame:
+    """torchrun's ChildFailedError table: field lines grouped per `[N]:` entry, parsed by the grammar.
+
+    Table lines are a handful per job, so grouping them in Python costs nothing.
+    """
+    table = events.filter(pl.col("kind").is_in(["torchrun.table_field", "torchrun.table_section"])).sort("file", "line")
+    entries: list[dict] = []
+    section = "Failures"
+    current: dict | None = None
+    for row in table.iter_rows(named=True):
+        body = (row["message"] or "").strip()
+        if row["kind"] == "torchrun.table_section":
+            section = body.rstrip(":")
+            continue
+        if body.startswith("[") and body.endswith("]:"):
+            current = {"row": row, "fields": [], "section": section}
+            entries.append(current)
+        elif current is not None:
+            current["fields"].append(body)
+    records = []
+    for entry in entries:
+        fields = parse_body("torchrun", "entry", "\n".join(entry["fields"]))
+        if not fields or "rank" not in fields:
+            continue
+        row = entry["row"]
+        root = entry["section"].startswith("Root Cause")
+        records.append({
+            **{k: row[k] for k in ("file", "line", "text", "ts", "ts_source")},
+            "source": "torchrun",
+            "kind": "torchrun.root_cause" if root else "torchrun.failure",
+            "severity": "error",
+            "rank": fields["rank"],
+            "local_rank": fields["local_rank"],
+            "host": fields.get("host"),
+            "pid": fields.get("pid"),
+            "exitcode": fields.get("exitcode"),
+            "code": fields.get("signal"),
+            "message": f"{'Root Cause' if root else 'Failure'}: rank {fields['rank']} on {fields.get('host')} "
+                       f"exitcode {fields.get('exitcode')}: {fields.get('traceback', '')}"[:2000],
+        })
+    return conform(pl.DataFrame(records)) if records else conform(events.head(0))
 
 
 def _merge_wrapped_work(events: pl.DataFrame) -> pl.DataFrame:
