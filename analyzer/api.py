@@ -39,7 +39,7 @@ class Analysis:
     report: dict
 
 
-def analyze(path: str | os.PathLike[str]) -> Analysis:
+def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()) -> Analysis:
     inputs = discover(path)
     if not inputs:
         raise NothingToAnalyse(f"{path}: the directory holds no files")
@@ -50,7 +50,7 @@ def analyze(path: str | os.PathLike[str]) -> Analysis:
     events, facts = correlate(raw, inputs)
     _record_input_ranks(events, inputs)
     rules = rules_by_id()
-    detection = detect(events, facts.context(events))
+    detection = detect(events, facts.context(events, root=str(path), checkpoint_paths=tuple(map(str, checkpoint_paths))))
     decision = decide(detection.findings, rules)
     report = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems)
     return Analysis(events, decision.ranked, facts, inputs, report)

@@ -38,7 +38,9 @@ def main() -> None:
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
               help="Write the report here instead of standard output.")
 @click.option("--all-inputs", is_flag=True, help="List every input file in the text report.")
-def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool) -> None:
+@click.option("--checkpoint", "checkpoints", multiple=True, type=click.Path(path_type=Path),
+              help="A checkpoint file or directory to audit besides those found in JOB (repeatable).")
+def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoints: tuple[Path, ...]) -> None:
     """Analyse the job directory (or log file, or archive) JOB and print the verdict.
 
     Exit status: 0 nothing found, 1 failure identified, 2 could not analyse.
@@ -47,7 +49,7 @@ def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool) -> None:
     from analyzer.discover import DiscoveryError
 
     try:
-        result = run_analysis(job)
+        result = run_analysis(job, checkpoint_paths=tuple(str(c) for c in checkpoints))
     except DiscoveryError as exc:
         raise CannotAnalyse(str(exc)) from exc
     report = result.report

@@ -24,7 +24,7 @@ class JobFacts:
     rank_hosts: dict[int, str] = field(default_factory=dict)
     nccl_versions: dict[str, list[str]] = field(default_factory=dict)
 
-    def context(self, events: pl.DataFrame) -> JobContext:
+    def context(self, events: pl.DataFrame, root: str | None = None, checkpoint_paths: tuple[str, ...] = ()) -> JobContext:
         end = events.get_column("ts").max() if events.height else None
         return JobContext(
             world_size=self.world_size,
@@ -32,6 +32,8 @@ class JobFacts:
             hosts=tuple(self.hosts),
             rank_hosts=dict(self.rank_hosts),
             end_ts=end,
+            root=root,
+            checkpoint_paths=checkpoint_paths,
         )
 
 

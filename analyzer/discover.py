@@ -31,6 +31,9 @@ MAX_UTF16_BYTES = 256 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PICKLE_PROTOCOL_2_PLUS = b"\x80"
+ZIP_MAGIC = b"PK\x03\x04"
+# safetensors: 8-byte little-endian header length, then a JSON header starting with '{"'.
+_SAFETENSORS_HEADER = re.compile(rb"^[\s\S]{4}\x00{4}\{\"", re.DOTALL)
 
 _TORCHRUN_RANK_DIR = re.compile(r"attempt_(\d+)/(\d+)/(?:stdout|stderr)\.log(?:\.gz)?$")
 _PYSPY_TEXT = re.compile(rb"\s*Process \d+: .*\n(?:Python v|Thread )")
@@ -230,6 +233,10 @@ def _classify(item: InputFile) -> None:
     if not head:
         item.format = "empty"
         item.skip("empty after decompression")
+        return
+    if head.startswith(ZIP_MAGIC) or _SAFETENSORS_HEADER.match(head):
+        item.format = "checkpoint"
+        item.skip("checkpoint or zip archive: audited by the checkpoint analysis, not parsed as a log")
         return
     if head.startswith(PICKLE_PROTOCOL_2_PLUS):
         item.format = "pickle"

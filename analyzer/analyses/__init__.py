@@ -22,6 +22,8 @@ class JobContext:
     hosts: tuple[str, ...] = ()
     rank_hosts: dict[int, str] = field(default_factory=dict)
     end_ts: object | None = None  # latest timestamp seen anywhere in the job
+    root: str | None = None  # the analysed path (read-only), for analyses that inspect files themselves
+    checkpoint_paths: tuple[str, ...] = ()  # extra checkpoint locations given with --checkpoint
 
 
 Analysis = Callable[[pl.DataFrame, JobContext], pl.DataFrame]

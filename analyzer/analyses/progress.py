@@ -35,7 +35,10 @@ WAITING_STATES = ["scheduled", "started", "timeout"]
 SIZED_FAMILIES = ["ALLREDUCE", "BROADCAST", "REDUCE", "ALLGATHER", "REDUCE_SCATTER"]
 MAX_EVIDENCE = 40
 
-_KINDS = ["fr.entry", "fr.pg_status", "watchdog.timeout", "watchdog.pg_status", "c10d.fingerprint_mismatch"]
+_SMALL_KINDS = ["fr.pg_status", "watchdog.timeout", "watchdog.pg_status", "c10d.fingerprint_mismatch"]
+# Mismatches are looked for among the collectives that not every rank has completed (where a hang
+# lives) plus a margin before them; at 16k ranks x 2k entries comparing every seq costs seconds.
+MISMATCH_WINDOW = 16
 _PG_NAME = r"^\s*(?:PG\s+(?:ID\s+)?)?([^\s(]+)"
 # `Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=21, OpType=BROADCAST, TensorShape=[1], TensorDtypes=Long, ...`
 _FINGERPRINT = (
@@ -48,16 +51,18 @@ _FINGERPRINT = (
 def progress_matrix(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     """Findings for ranks absent from a stalled collective and for mismatched collectives."""
     events = _with_event_id(events)
-    relevant = events.lazy().filter(pl.col("kind").is_in(_KINDS) & pl.col("rank").is_not_null()).collect()
-    if not relevant.height:
-        return findings_frame([])
-    observations = collective_observations(relevant)
-    status = _status_rows(relevant)
+    # Status lines, watchdog lines and mismatch reports are few; FR entries can be ranks x 2k rows
+    # and stay lazy so each aggregate below reads only the columns it needs.
+    small = events.lazy().filter(pl.col("kind").is_in(_SMALL_KINDS) & pl.col("rank").is_not_null()).collect()
+    observations = _observations(events, small)
+    status = _status_rows(small)
     progress = progress_table(observations, status)
+    if not progress.height and not small.height:
+        return findings_frame([])
     rows = []
-    rows += _absent_findings(relevant, observations, progress, events, job)
+    rows += _absent_findings(small, progress, events, job)
     rows += _mismatch_findings(observations, progress, job)
-    rows += _fingerprint_findings(relevant, job)
+    rows += _fingerprint_findings(small, job)
     return findings_frame(rows)
 
 
@@ -67,46 +72,66 @@ def progress_matrix(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 def collective_observations(events: pl.DataFrame) -> pl.DataFrame:
     """One row per (pg, rank, seq) sighting of a collective: FR entries and watchdog timeouts.
 
-    Columns: pg, rank, seq, op, family, numel_in, numel_out, dtype, state, start_ts, event_id, src.
-    p2p entries are left out: their seq is the p2p counter, not the collective one.
+    Columns: pg, rank, seq, op, family, numel_in, numel_out, dtype, state, start_ts, timeout_ms,
+    event_id, src. p2p entries are left out: their seq is the p2p counter, not the collective one.
     """
+    events = _with_event_id(events)
+    small = events.lazy().filter(pl.col("kind").is_in(_SMALL_KINDS) & pl.col("rank").is_not_null()).collect()
+    return _with_dtype_and_family(_observations(events, small)).collect()
+
+
+def _observations(events: pl.DataFrame, small: pl.DataFrame) -> pl.LazyFrame:
+    # Expressions here run on every FR entry (ranks x 2k rows): no regex, no string rewriting. The
+    # FR parser already writes the pg_config key and lower-case states; the dtype (a regex on the
+    # message) is extracted later, only for the rows a mismatch check looks at.
     fr = events.lazy().filter(
-        (pl.col("kind") == "fr.entry") & pl.col("seq").is_not_null() & ~pl.col("op").is_in(P2P_OPS)
+        (pl.col("kind") == "fr.entry") & pl.col("rank").is_not_null() & pl.col("seq").is_not_null() & ~pl.col("op").is_in(P2P_OPS)
     ).select(
-        _pg_expr(),
+        pl.col("pg").fill_null("0"),
         "rank",
         "seq",
         "op",
         "numel_in",
         "numel_out",
-        pl.col("message").str.extract(r" in=\S* (\S+)", 1).alias("dtype"),
-        pl.col("code").str.to_lowercase().alias("state"),
+        pl.col("message"),
+        pl.col("code").alias("state"),
         pl.col("ts").alias("start_ts"),
+        "timeout_ms",
         "event_id",
         pl.lit("fr").alias("src"),
     )
-    watchdog = events.lazy().filter((pl.col("kind") == "watchdog.timeout") & pl.col("seq").is_not_null()).select(
-        _pg_expr(),
-        "rank",
-        "seq",
-        pl.col("op").str.to_uppercase(),
-        "numel_in",
-        "numel_out",
-        pl.lit(None, dtype=pl.String).alias("dtype"),
-        pl.lit("timeout").alias("state"),
-        # The watchdog fires timeout_ms after the work was enqueued: that is when this rank arrived.
-        (pl.col("ts") - pl.duration(milliseconds=pl.col("timeout_ms").fill_null(0))).alias("start_ts"),
-        "event_id",
-        pl.lit("watchdog").alias("src"),
+    watchdog = _fill_unknown_pg(
+        small.lazy().filter((pl.col("kind") == "watchdog.timeout") & pl.col("seq").is_not_null()).select(
+            _pg_expr(),
+            "rank",
+            "seq",
+            pl.col("op").str.to_uppercase(),
+            "numel_in",
+            "numel_out",
+            pl.lit(None, dtype=pl.String).alias("message"),
+            pl.lit("timeout").alias("state"),
+            # The watchdog fires timeout_ms after the work was enqueued: that is when this rank arrived.
+            (pl.col("ts") - pl.duration(milliseconds=pl.col("timeout_ms").fill_null(0))).alias("start_ts"),
+            "timeout_ms",
+            "event_id",
+            pl.lit("watchdog").alias("src"),
+        ),
+        small,
     )
-    observations = pl.concat([fr, watchdog], how="vertical_relaxed")
-    observations = _fill_unknown_pg(observations, events)
-    return observations.with_columns(_family(pl.col("op")).alias("family")).collect()
+    return pl.concat([fr, watchdog], how="vertical_relaxed")
 
 
-def _status_rows(events: pl.DataFrame) -> pl.DataFrame:
+def _with_dtype_and_family(observations: pl.LazyFrame) -> pl.LazyFrame:
+    # FR messages read "... in=[[1024]] Float out=...": the dtype follows the input sizes.
+    return observations.with_columns(
+        pl.col("message").str.extract(r" in=\S* (\S+)", 1).alias("dtype"),
+        _family(pl.col("op")).alias("family"),
+    ).drop("message")
+
+
+def _status_rows(small: pl.DataFrame) -> pl.DataFrame:
     """pg_status sightings: (pg, rank, enq, done, at_seq, members, event_id, src)."""
-    status = events.lazy().filter(pl.col("kind").is_in(["fr.pg_status", "watchdog.pg_status"])).select(
+    status = small.lazy().filter(pl.col("kind").is_in(["fr.pg_status", "watchdog.pg_status"])).select(
         _pg_expr(),
         "rank",
         pl.when(pl.col("last_enqueued") >= 0).then(pl.col("last_enqueued")).alias("enq"),
@@ -115,27 +140,24 @@ def _status_rows(events: pl.DataFrame) -> pl.DataFrame:
         .then(pl.col("last_completed"))
         .alias("done"),
         pl.when(pl.col("kind") == "watchdog.pg_status").then(pl.col("seq")).alias("at_seq"),
-        pl.when(pl.col("kind") == "fr.pg_status").then(pl.col("ranks_ref")).alias("members"),
         "event_id",
         pl.when(pl.col("kind") == "fr.pg_status").then(pl.lit("fr")).otherwise(pl.lit("watchdog")).alias("src"),
     )
-    return _fill_unknown_pg(status, events).collect()
+    return _fill_unknown_pg(status, small).collect()
 
 
-def progress_table(observations: pl.DataFrame, status: pl.DataFrame) -> pl.DataFrame:
-    """Per (pg, rank): enq (last enqueued seq), done (last completed), stuck (seq it waits in).
-
-    Also the op it waits in, when it started waiting, and event ids for evidence.
-    """
-    waiting = pl.col("state").is_in(WAITING_STATES)
+def progress_table(observations: pl.DataFrame | pl.LazyFrame, status: pl.DataFrame) -> pl.DataFrame:
+    """Per (pg, rank): enq (last enqueued seq), done (last completed), stuck (the seq it waits in),
+    the op it waits in, when it started waiting, and event ids for evidence."""
+    observations = observations.lazy()
     completed = pl.col("state") == "completed"
-    per_obs = observations.lazy().group_by("pg", "rank").agg(
+    per_obs = observations.group_by("pg", "rank").agg(
         pl.col("seq").max().alias("obs_enq"),
         pl.col("seq").filter(completed).max().alias("obs_done"),
-        pl.col("seq").filter(waiting).min().alias("obs_wait"),
-        pl.col("event_id").sort_by("seq").last().alias("last_eid"),
-        pl.struct("seq", "op", "start_ts", "event_id").filter(waiting).sort_by(pl.col("seq").filter(waiting)).first().alias("w"),
-        pl.col("src").eq("watchdog").any().alias("timed_out"),
+        pl.col("event_id").get(pl.col("seq").arg_max()).alias("last_eid"),
+    )
+    timed_out = (
+        observations.filter(pl.col("src") == "watchdog").select("pg", "rank").unique().with_columns(pl.lit(True).alias("timed_out"))
     )
     per_status = status.lazy().group_by("pg", "rank").agg(
         pl.col("enq").max().alias("st_enq"),
@@ -144,39 +166,59 @@ def progress_table(observations: pl.DataFrame, status: pl.DataFrame) -> pl.DataF
         pl.col("event_id").sort_by("enq", nulls_last=False).last().alias("st_eid"),
         pl.col("src").eq("watchdog").any().alias("st_watchdog"),
     )
-    joined = per_obs.join(per_status, on=["pg", "rank"], how="full", coalesce=True)
-    done = pl.max_horizontal("obs_done", "st_done")
-    return (
-        joined.with_columns(
+    joined = (
+        per_obs.join(per_status, on=["pg", "rank"], how="full", coalesce=True)
+        .join(timed_out, on=["pg", "rank"], how="left")
+        .with_columns(
             pl.max_horizontal("obs_enq", "st_enq").alias("enq"),
-            done.alias("done"),
+            pl.max_horizontal("obs_done", "st_done").alias("done"),
         )
+        .collect()
+    )
+    # The unfinished entry each rank waits in: only a handful of rows per rank are not completed.
+    waiting = (
+        observations.filter(pl.col("state").is_in(WAITING_STATES))
+        .select("pg", "rank", "seq", "op", "start_ts", "timeout_ms", "event_id")
+        .join(joined.lazy().select("pg", "rank", "done"), on=["pg", "rank"], how="left")
+        .filter(pl.col("seq") > pl.col("done").fill_null(-1))
+        .sort("seq")
+        .group_by("pg", "rank", maintain_order=True)
+        .first()
+        .select(
+            "pg", "rank",
+            pl.col("seq").alias("obs_wait"),
+            pl.col("op").alias("wait_op"),
+            pl.col("start_ts").alias("wait_ts"),
+            pl.col("timeout_ms").alias("wait_timeout_ms"),
+            pl.col("event_id").alias("wait_eid"),
+        )
+        .collect()
+    )
+    return (
+        joined.join(waiting, on=["pg", "rank"], how="left")
         .with_columns(
             # The seq a rank waits in: its oldest unfinished entry (FR) or timed-out work (watchdog),
             # else the "at work" seq of a watchdog status line, else the one after its last completed
             # when it enqueued more than it completed.
             pl.coalesce(
-                pl.when(pl.col("obs_wait") > pl.col("done").fill_null(-1)).then(pl.col("obs_wait")),
+                pl.col("obs_wait"),
                 pl.when(pl.col("st_at") > pl.col("done").fill_null(-1)).then(pl.col("st_at")),
                 pl.when(pl.col("enq") > pl.col("done")).then(pl.col("done") + 1),
             ).alias("stuck"),
-            pl.col("w").struct.field("op").alias("wait_op"),
-            pl.col("w").struct.field("start_ts").alias("wait_ts"),
-            pl.col("w").struct.field("event_id").alias("wait_eid"),
             (pl.col("timed_out").fill_null(False) | pl.col("st_watchdog").fill_null(False)).alias("hang_evidence"),
         )
-        .select("pg", "rank", "enq", "done", "stuck", "wait_op", "wait_ts", "wait_eid", "last_eid", "st_eid", "hang_evidence")
+        .select(
+            "pg", "rank", "enq", "done", "stuck", "wait_op", "wait_ts", "wait_timeout_ms", "wait_eid", "last_eid", "st_eid",
+            "hang_evidence",
+        )
         .sort("pg", "rank")
-        .collect()
     )
 
 
 # --- rank absent from the collective ------------------------------------------------------------
 
 
-def _absent_findings(
-    relevant: pl.DataFrame, observations: pl.DataFrame, progress: pl.DataFrame, events: pl.DataFrame, job: JobContext
-) -> list[dict]:
+def _absent_findings(small: pl.DataFrame, progress: pl.DataFrame, events: pl.DataFrame, job: JobContext) -> list[dict]:
     if not progress.height:
         return []
     # The seq each PG waits in: the most common "stuck" seq among its waiting ranks (ties: the later).
@@ -184,7 +226,12 @@ def _absent_findings(
         progress.lazy()
         .filter(pl.col("stuck").is_not_null())
         .group_by("pg", "stuck")
-        .agg(pl.len().alias("n_wait"), pl.col("wait_ts").min().alias("stall_ts"), pl.col("hang_evidence").any().alias("hang_evidence"))
+        .agg(
+            pl.len().alias("n_wait"),
+            pl.col("wait_ts").min().alias("stall_ts"),
+            pl.col("wait_timeout_ms").max().alias("timeout_ms"),
+            pl.col("hang_evidence").any().alias("hang_evidence"),
+        )
         .sort(["pg", "n_wait", "stuck"], descending=[False, True, True])
         .group_by("pg", maintain_order=True)
         .first()
@@ -193,7 +240,7 @@ def _absent_findings(
     )
     if not targets.height:
         return []
-    members = _pg_members(relevant, progress, job)
+    members = _pg_members(small, progress, job)
     pg_table = progress.join(targets.select("pg", "target"), on="pg", how="inner")
     absent = pg_table.filter(pl.col("enq").is_not_null() & (pl.col("enq") < pl.col("target")))
     waiting = pg_table.filter(pl.col("stuck") == pl.col("target"))
@@ -204,14 +251,11 @@ def _absent_findings(
         .with_columns(pl.col("members").list.set_difference(pl.col("seen").fill_null(pl.lit([], dtype=pl.List(pl.Int64)))).alias("silent"))
         .select("pg", pl.col("silent").list.sort())
     )
-    alive = set(events.filter(pl.col("rank").is_not_null()).get_column("rank").unique().to_list())
+    alive = set(events.get_column("rank").drop_nulls().unique().to_list())
     wait_ops = (
-        observations.lazy()
-        .join(targets.lazy().select("pg", "target"), left_on=["pg", "seq"], right_on=["pg", "target"], how="inner")
-        .filter(pl.col("op").is_not_null())
+        waiting.filter(pl.col("wait_op").is_not_null())
         .group_by("pg")
-        .agg(pl.col("op").mode().sort().first().alias("op"), pl.col("numel_in").mode().sort().first().alias("numel"))
-        .collect()
+        .agg(pl.col("wait_op").mode().sort().first().alias("op"))
     )
 
     stalls = []
@@ -227,7 +271,7 @@ def _absent_findings(
                 "pg": pg,
                 "target": row["target"],
                 "stall_ts": row["stall_ts"],
-                "hang_evidence": row["hang_evidence"],
+                "hang_evidence": row["hang_evidence"] or _outlived_timeout(row, job),
                 "op": op_row.get_column("op")[0] if op_row.height else None,
                 "absent": pg_absent,
                 "waiting": pg_wait,
@@ -265,18 +309,22 @@ def _absent_finding(stall: dict, earlier: list[dict], later: list[dict], alive: 
         parts.append("then " + ", ".join(_stall_text(s) for s in later))
     if absent_ranks:
         culprits = absent_ranks
-        confidence = 0.85 if stall["hang_evidence"] else 0.65
+        # A watchdog line (or a timeout's worth of later activity) proves the hang; FR dumps alone
+        # are usually written at a timeout but could be a snapshot of a live job.
+        confidence = 0.85 if stall["hang_evidence"] else 0.7
         if len(absent_ranks) > max(len(wait_ranks), 1):
             # Most of the group is "behind": the waiting minority may instead have issued an extra collective.
             confidence -= 0.2
         if earlier:
             confidence -= 0.15  # this PG's stall may only be a consequence of an earlier one
     else:
+        # Suspects by absence: a lone silent rank among many waiting ones is telling (the culprit's
+        # dump is often the missing one); many silent ranks more likely mean missing logs.
         culprits = silent
-        members = len(silent) + len(wait_ranks)
-        confidence = 0.45 if all(r in alive for r in silent) else 0.3
-        if len(silent) * 2 >= members:
-            confidence *= 0.7  # most of the group left no evidence: more likely missing logs than a culprit
+        share = len(silent) / max(len(silent) + len(wait_ranks), 1)
+        confidence = 0.55 if share <= 0.1 else 0.4 if share < 0.5 else 0.25
+        if not any(r in alive for r in silent):
+            confidence -= 0.05
     hosts = [job.rank_hosts[r] for r in culprits if r in job.rank_hosts]
     return finding(
         ABSENT_RULE,
@@ -307,16 +355,27 @@ def _stall_text(stall: dict) -> str:
     return text
 
 
+def _outlived_timeout(row: dict, job: JobContext) -> bool:
+    """Something else in the job happened a full timeout after the stuck collective started."""
+    end, start, timeout = job.end_ts, row["stall_ts"], row["timeout_ms"]
+    if end is None or start is None or not timeout:
+        return False
+    try:
+        return (end - start).total_seconds() * 1000 >= timeout
+    except TypeError:  # naive vs aware datetimes from a caller
+        return False
+
+
 def _before(a: dict, b: dict) -> bool:
     if a["stall_ts"] is None or b["stall_ts"] is None:
         return False
     return a["stall_ts"] < b["stall_ts"]
 
 
-def _pg_members(relevant: pl.DataFrame, progress: pl.DataFrame, job: JobContext) -> pl.DataFrame:
+def _pg_members(small: pl.DataFrame, progress: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     """Member ranks per PG: pg_config from FR dumps; for the default PG ("0") the job's world."""
     configured = (
-        relevant.lazy()
+        small.lazy()
         .filter((pl.col("kind") == "fr.pg_status") & pl.col("ranks_ref").is_not_null())
         .select(_pg_expr(), pl.col("ranks_ref"))
         .explode("ranks_ref")
@@ -337,9 +396,16 @@ def _pg_members(relevant: pl.DataFrame, progress: pl.DataFrame, job: JobContext)
 # --- collective mismatch (FR entries and watchdog lines) ----------------------------------------
 
 
-def _mismatch_findings(observations: pl.DataFrame, progress: pl.DataFrame, job: JobContext) -> list[dict]:
-    comparable = observations.lazy().filter(
-        pl.col("family").is_not_null() & ~pl.col("family").str.contains("COALESCED")
+def _mismatch_findings(observations: pl.LazyFrame, progress: pl.DataFrame, job: JobContext) -> list[dict]:
+    window = progress.group_by("pg").agg((pl.col("done").min().fill_null(0) - MISMATCH_WINDOW).alias("_from"))
+    lower = pl.col("pg").replace_strict(
+        window.get_column("pg").to_list(), window.get_column("_from").to_list(), default=-1, return_dtype=pl.Int64
+    )
+    comparable = (
+        _with_dtype_and_family(observations.lazy().filter(pl.col("seq") > lower))
+        .filter(pl.col("family").is_not_null() & ~pl.col("family").str.contains("COALESCED"))
+        .collect()
+        .lazy()
     ).with_columns(
         pl.when(pl.col("family").is_in(SIZED_FAMILIES)).then(pl.col("numel_in")).alias("cmp_in"),
         pl.when(pl.col("family").is_in(SIZED_FAMILIES)).then(pl.col("numel_out")).alias("cmp_out"),
@@ -468,8 +534,8 @@ def _value_text(row: dict, field: str, label: str) -> str:
 # --- collective mismatch (DETAIL fingerprints) ---------------------------------------------------
 
 
-def _fingerprint_findings(relevant: pl.DataFrame, job: JobContext) -> list[dict]:
-    reports = relevant.filter(pl.col("kind") == "c10d.fingerprint_mismatch")
+def _fingerprint_findings(small: pl.DataFrame, job: JobContext) -> list[dict]:
+    reports = small.filter(pl.col("kind") == "c10d.fingerprint_mismatch")
     if not reports.height:
         return []
     me = pl.col("message").str.extract_groups(_FINGERPRINT)
@@ -616,11 +682,11 @@ def _pg_expr() -> pl.Expr:
     return pl.col("pg").str.extract(_PG_NAME, 1).alias("pg")
 
 
-def _fill_unknown_pg(frame: pl.LazyFrame, events: pl.DataFrame) -> pl.LazyFrame:
+def _fill_unknown_pg(frame: pl.LazyFrame, small: pl.DataFrame) -> pl.LazyFrame:
     """A watchdog line without a PG prefix ("[Rank 0] Watchdog caught ...") belongs to the PG the same
     rank's status lines name when that is unambiguous, else to the default PG "0"."""
     by_rank = (
-        events.lazy()
+        small.lazy()
         .filter(pl.col("kind").is_in(["watchdog.pg_status", "watchdog.timeout"]) & pl.col("pg").is_not_null())
         .select("rank", _pg_expr())
         .group_by("rank")

@@ -19,16 +19,18 @@ import math
 import re
 import zlib
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any
 
 import polars as pl
 
 from analyzer.discover import DecompressionLimit, InputFile
-from analyzer.events import EVENT_SCHEMA, UTC_TS, conform, concat_events, empty_events
+from analyzer.events import EVENT_SCHEMA, UTC_TS, empty_events
 from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
 
 MAX_DUMP_BYTES = 1 << 30
+INLINE_MEMBERS = 256
 
 # profiling_name (after "backend:") -> WorkNCCL OpType spelling (opTypeToString), so FR entries and
 # watchdog lines name the same op the same way. `all_reduce_barrier` stays distinguishable as BARRIER.
@@ -164,9 +166,13 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
         raise FlightRecorderError("not a Flight Recorder dump: 'entries' is not a list")
     entries = [e for e in entries if isinstance(e, Mapping)]
     members = _pg_members(pg_config)
-    frames = [_entry_events(entries, members, file=file, rank=rank), _status_events(pg_config, pg_status, members, file=file, rank=rank)]
-    events = concat_events(frames)
-    pgs = sorted(set(members) | {str(k) for k in pg_status} | set(events.get_column("pg").drop_nulls().unique().to_list()))
+    entry_columns = _entry_columns(entries, members, rank)
+    status_columns = _status_columns(pg_config, pg_status, members, rank)
+    events = _frame(file, rank, (len(entries), entry_columns), (len(status_columns.get("pg", [])), status_columns))
+    pgs = sorted(
+        set(members) | {str(k) for k in pg_status} | {pg for pg in entry_columns.get("pg", []) if pg is not None},
+        key=_pg_sort_key,
+    )
     summary = {
         "status": "parsed",
         "reason": "",
@@ -176,18 +182,40 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
         "ranks": [rank] if rank is not None else [],
         "entries": len(entries),
         "pgs": pgs,
-        "pg_ranks": {pg: ranks for pg, ranks in members.items()},
+        "pg_sizes": {pg: len(ranks) for pg, ranks in members.items()},
     }
     return events, summary
+
+
+def _frame(file: str, rank: int | None, *parts: tuple[int, dict[str, list]]) -> pl.DataFrame:
+    """One frame per dump straight from column lists: at 16k dumps per job, per-file polars
+    overhead (lazy plans, concat of small frames) would cost more than the entries themselves."""
+    total = sum(n for n, _ in parts)
+    constants = {"file": file, "rank": rank, "source": "flight_recorder", "severity": "info"}
+    series = []
+    for name, dtype in EVENT_SCHEMA.items():
+        if name in constants:
+            values: list = [constants[name]] * total
+        elif len(parts) == 1:
+            values = parts[0][1].get(name) or [None] * total
+        else:
+            values = []
+            for n, columns in parts:
+                values.extend(columns.get(name) or [None] * n)
+        if name == "ts":
+            series.append(pl.Series(name, values, dtype=pl.Int64).cast(UTC_TS))  # epoch microseconds
+        else:
+            series.append(pl.Series(name, values, dtype=dtype))
+    return pl.DataFrame(series)
 
 
 # --- entries ------------------------------------------------------------------------------------
 
 
-def _entry_events(entries: list[Mapping], members: dict[str, list[int]], *, file: str, rank: int | None) -> pl.DataFrame:
+def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], rank: int | None) -> dict[str, list]:
     n = len(entries)
     if not n:
-        return empty_events()
+        return {}
     names = [str(e.get("profiling_name") or "") for e in entries]
     bare = [name.split(":", 1)[1].strip() if ":" in name else name.strip() for name in names]
     bases = [b.split(" ", 1)[0].lower() for b in bare]
@@ -203,61 +231,48 @@ def _entry_events(entries: list[Mapping], members: dict[str, list[int]], *, file
     in_dtypes = _dtype_column(entries, "input_dtypes")
     out_dtypes = _dtype_column(entries, "output_dtypes")
     created = [_created_ns(e) for e in entries]
-    timeout = [_int(e.get("timeout_ms")) for e in entries]
-    pg_index = {pg: {g: i for i, g in enumerate(ranks)} for pg, ranks in members.items()}
-    own_pg_rank = [pg_index.get(pg, {}).get(rank) if rank is not None else None for pg in pgs]
-    peers = [_p2p_peer(b, members.get(pg)) if flag else None for b, flag, pg in zip(bare, is_p2p, pgs)]
-    messages = [
-        f"pg {pg} #{s} {op} state={st} in={_sizes_text(i)} {idt} out={_sizes_text(o)} {odt} ({name})"
-        for pg, s, op, st, i, idt, o, odt, name in zip(pgs, seq, ops, states, in_sizes, in_dtypes, out_sizes, out_dtypes, names)
-    ]
-    frame = pl.DataFrame(
-        {
-            "line": range(1, n + 1),
-            "ts_ns": created,
-            "pg": pgs,
-            "pg_rank": own_pg_rank,
-            "nranks": [len(members[pg]) if pg in members else None for pg in pgs],
-            "seq": seq,
-            "op": ops,
-            "numel_in": _numel_column(in_sizes),
-            "numel_out": _numel_column(out_sizes),
-            "timeout_ms": timeout,
-            "code": states,
-            "message": messages,
-            "text": names,
-            "peer": peers,
-            "detail": _frames_column(entries),
-        },
-        schema_overrides={
-            "line": pl.Int64, "ts_ns": pl.Int64, "pg": pl.String, "pg_rank": pl.Int64, "nranks": pl.Int64,
-            "seq": pl.Int64, "op": pl.String, "numel_in": pl.Int64, "numel_out": pl.Int64, "timeout_ms": pl.Int64,
-            "code": pl.String, "message": pl.String, "text": pl.String, "peer": pl.String, "detail": pl.String,
-        },
-        strict=False,
-    )
-    frame = frame.with_columns(
-        _ns_to_ts(pl.col("ts_ns")).alias("ts"),
-        pl.when(pl.col("ts_ns").is_not_null()).then(pl.lit("flight_recorder")).alias("ts_source"),
-        pl.lit(file).alias("file"),
-        pl.lit(rank, dtype=pl.Int64).alias("rank"),
-        pl.lit("flight_recorder").alias("source"),
-        pl.lit("fr.entry").alias("kind"),
-        pl.lit("info").alias("severity"),
-    )
-    return conform(frame)
+    own = {pg: _pg_rank_of(members.get(pg), rank) for pg in set(pgs)}
+    sizes = {pg: len(ranks) for pg, ranks in members.items()}
+    return {
+        "line": list(range(1, n + 1)),
+        "ts": [ns // 1000 if ns is not None else None for ns in created],
+        "ts_source": ["flight_recorder" if ns is not None else None for ns in created],
+        "kind": ["fr.entry"] * n,
+        "pg": pgs,
+        "pg_rank": [own[pg] for pg in pgs],
+        "nranks": [sizes.get(pg) for pg in pgs],
+        "seq": seq,
+        "op": ops,
+        "numel_in": _numel_column(in_sizes),
+        "numel_out": _numel_column(out_sizes),
+        "timeout_ms": [_int(e.get("timeout_ms")) for e in entries],
+        "code": states,
+        "message": [
+            f"pg {pg} #{s} {op} state={st} in={_sizes_text(i)} {idt} out={_sizes_text(o)} {odt} ({name})"
+            for pg, s, op, st, i, idt, o, odt, name in zip(pgs, seq, ops, states, in_sizes, in_dtypes, out_sizes, out_dtypes, names)
+        ],
+        "text": names,
+        "peer": [_p2p_peer(b, members.get(pg)) if flag else None for b, flag, pg in zip(bare, is_p2p, pgs)],
+        "detail": _frames_column(entries),
+    }
 
 
-def _status_events(
-    pg_config: Mapping, pg_status: Mapping, members: dict[str, list[int]], *, file: str, rank: int | None
-) -> pl.DataFrame:
-    """One event per process group named by pg_config or pg_status (membership even without status)."""
+def _status_columns(
+    pg_config: Mapping, pg_status: Mapping, members: dict[str, tuple[int, ...]], rank: int | None
+) -> dict[str, list]:
+    """One event per process group named by pg_config or pg_status (membership even without status).
+
+    `ranks_ref` carries the PG's global ranks. Every dump repeats the whole pg_config, so for big
+    groups (more than INLINE_MEMBERS ranks) only the dumps of the group's PG ranks 0 and 1 carry
+    the list: 16k dumps x a 16k-rank default group would otherwise be 268M list elements.
+    `nranks` is always set.
+    """
     names = sorted({str(k) for k in pg_config} | {str(k) for k in pg_status}, key=_pg_sort_key)
-    if not names:
-        return empty_events()
     status = {str(k): v for k, v in pg_status.items() if isinstance(v, Mapping)}
     config = {str(k): v for k, v in pg_config.items() if isinstance(v, Mapping)}
-    rows = []
+    columns: dict[str, list] = {
+        key: [] for key in ("kind", "line", "pg", "pg_rank", "nranks", "last_enqueued", "last_completed", "ranks_ref", "message", "detail")
+    }
     for pg in names:  # one row per process group: a handful per dump
         st = status.get(pg, {})
         enq = _status_int(st.get("last_enqueued_collective"))
@@ -265,7 +280,8 @@ def _status_events(
         done = _status_int(st.get("last_completed_collective"))
         ranks = members.get(pg)
         desc = _text(config.get(pg, {}).get("desc"))
-        pg_rank = ranks.index(rank) if ranks and rank in ranks else None
+        pg_rank = _pg_rank_of(ranks, rank)
+        inline = ranks is not None and (len(ranks) <= INLINE_MEMBERS or rank is None or pg_rank in (0, 1))
         label = f"pg {pg}" + (f" ({desc})" if desc else "")
         if st:
             message = (
@@ -276,14 +292,13 @@ def _status_events(
             message = f"{label} (no status in dump)"
         if ranks is not None:
             message += f"; ranks {_ranks_text(ranks)}"
-        rows.append(
-            {
-                "file": file, "line": 0, "rank": rank, "source": "flight_recorder", "kind": "fr.pg_status",
-                "severity": "info", "pg": pg, "pg_rank": pg_rank, "nranks": len(ranks) if ranks is not None else None,
-                "last_enqueued": enq, "last_completed": done, "ranks_ref": ranks, "message": message, "detail": desc,
-            }
-        )
-    return pl.DataFrame(rows, schema={k: EVENT_SCHEMA[k] for k in rows[0]}).pipe(conform)
+        for key, value in (
+            ("kind", "fr.pg_status"), ("line", 0), ("pg", pg), ("pg_rank", pg_rank),
+            ("nranks", len(ranks) if ranks is not None else None), ("last_enqueued", enq), ("last_completed", done),
+            ("ranks_ref", list(ranks) if inline else None), ("message", message), ("detail", desc),
+        ):
+            columns[key].append(value)
+    return columns
 
 
 # --- columns: a fast comprehension for well-formed dumps, a tolerant one when it trips -------------
@@ -331,10 +346,12 @@ def _is_p2p(flag: object, op: str) -> bool:
 
 
 def _int(value: object) -> int | None:
+    if type(value) is int:  # the common case first: this runs several times per entry
+        return value
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return int(value)
     try:
         return int(value)  # JSON dumps store some numbers as strings
     except (TypeError, ValueError):
@@ -369,7 +386,8 @@ def _numel(sizes: object) -> int | None:
 
 
 def _sizes_text(sizes: object) -> str:
-    return str(sizes).replace(" ", "").replace("(", "[").replace(")", "]")
+    text = str(sizes).replace(" ", "")
+    return text.replace("(", "[").replace(")", "]") if "(" in text else text
 
 
 def _dtypes(value: object) -> str:
@@ -390,7 +408,7 @@ def _frames_text(frames: object) -> str | None:
     return " <- ".join(parts) or None
 
 
-def _p2p_peer(bare_name: str, ranks: list[int] | None) -> str | None:
+def _p2p_peer(bare_name: str, ranks: tuple[int, ...] | None) -> str | None:
     match = _P2P_PEERS.match(bare_name)
     if not match:
         return None
@@ -400,22 +418,47 @@ def _p2p_peer(bare_name: str, ranks: list[int] | None) -> str | None:
     return f"pg rank {peer}"
 
 
-def _pg_members(pg_config: Mapping) -> dict[str, list[int]]:
-    members: dict[str, list[int]] = {}
+def _pg_members(pg_config: Mapping) -> dict[str, tuple[int, ...]]:
+    members: dict[str, tuple[int, ...]] = {}
     for key, config in pg_config.items():
         if not isinstance(config, Mapping):
             continue
         ranks = config.get("ranks")
         if isinstance(ranks, str):
-            try:
-                ranks = json.loads(ranks)
-            except ValueError:
-                ranks = [int(r) for r in re.findall(r"-?\d+", ranks)]
-        if isinstance(ranks, (list, tuple)):
-            parsed = [r for r in (_int(x) for x in ranks) if r is not None]
-            members[str(config.get("name", key))] = parsed
-            members.setdefault(str(key), parsed)
+            parsed = _parse_ranks(ranks)  # every dump of a job repeats the same strings: cached
+        elif isinstance(ranks, (list, tuple)):
+            parsed = tuple(r for r in (_int(x) for x in ranks) if r is not None)
+        else:
+            continue
+        members[str(config.get("name", key))] = parsed
+        members.setdefault(str(key), parsed)
     return members
+
+
+@lru_cache(maxsize=256)
+def _parse_ranks(text: str) -> tuple[int, ...]:
+    """`"[0, 1, ...]"` -> the ranks. At 16k ranks every dump carries the same 16k-element strings."""
+    try:
+        values = json.loads(text)
+    except ValueError:
+        values = re.findall(r"-?\d+", text)
+    if not isinstance(values, list):
+        return ()
+    return tuple(r for r in (_int(x) for x in values) if r is not None)
+
+
+@lru_cache(maxsize=256)
+def _index_map(ranks: tuple[int, ...]) -> dict[int, int]:
+    return {g: i for i, g in enumerate(ranks)}
+
+
+def _pg_rank_of(ranks: tuple[int, ...] | None, rank: int | None) -> int | None:
+    """The rank's index in the PG (its PG rank); global ranks are listed in PG-rank order."""
+    if not ranks or rank is None:
+        return None
+    if len(ranks) <= 64:
+        return ranks.index(rank) if rank in ranks else None
+    return _index_map(ranks).get(rank)
 
 
 def _pg_sort_key(name: str) -> tuple[int, int, str]:
@@ -426,12 +469,7 @@ def _fmt_seq(value: int | None) -> str:
     return "none" if value is None else f"#{value}"
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def _ranks_text(ranks: tuple[int, ...]) -> str:
     if len(ranks) <= 16:
         return "[" + ", ".join(map(str, ranks)) + "]"
     return f"[{ranks[0]}, {ranks[1]}, ... {ranks[-1]}] ({len(ranks)} ranks)"
-
-
-def _ns_to_ts(expr: pl.Expr) -> pl.Expr:
-    # Epoch ns -> microsecond UTC datetimes, the canonical ts dtype.
-    return (expr // 1000).cast(pl.Datetime("us")).dt.replace_time_zone("UTC").cast(UTC_TS)
