@@ -353,3 +353,16 @@ def test_two_thousand_entries_parse_quickly():
     assert info["entries"] == 2000 and events.filter(pl.col("kind") == "fr.entry").height == 2000
     assert events.get_column("seq").max() == 2000
     assert elapsed < 1.0, f"{elapsed:.2f}s for one 2000-entry dump"
+
+
+def test_big_group_membership_is_carried_by_its_first_two_ranks_only():
+    doc = _doc("timeout-dump_TORCH_NCCL_DUMP_ON_TIMEOUT/nccl_trace_rank_0")
+    doc["pg_config"]["0"]["ranks"] = str(list(range(1000)))
+    status = {}
+    for rank in (0, 1, 500):
+        events, _ = flight_recorder_events(doc, file=f"nccl_trace_rank_{rank}", rank=rank)
+        status[rank] = events.filter(pl.col("kind") == "fr.pg_status").row(0, named=True)
+    assert status[0]["ranks_ref"] == list(range(1000)) and status[1]["ranks_ref"] == list(range(1000))
+    assert status[500]["ranks_ref"] is None
+    assert {s["nranks"] for s in status.values()} == {1000}
+    assert status[500]["pg_rank"] == 500 and "(1000 ranks)" in status[500]["message"]

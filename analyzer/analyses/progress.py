@@ -69,6 +69,14 @@ def progress_matrix(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 # --- the matrix ----------------------------------------------------------------------------------
 
 
+def collective_progress(events: pl.DataFrame) -> pl.DataFrame:
+    """The progress matrix for reports: per (pg, rank) last enqueued, last completed and the seq it
+    waits in (see `progress_table`), from every source in the event frame."""
+    events = _with_event_id(events)
+    small = events.lazy().filter(pl.col("kind").is_in(_SMALL_KINDS) & pl.col("rank").is_not_null()).collect()
+    return progress_table(_observations(events, small), _status_rows(small))
+
+
 def collective_observations(events: pl.DataFrame) -> pl.DataFrame:
     """One row per (pg, rank, seq) sighting of a collective: FR entries and watchdog timeouts.
 
@@ -579,7 +587,9 @@ def _fingerprint_findings(small: pl.DataFrame, job: JobContext) -> list[dict]:
             pl.col("dtype").drop_nulls().first(),
             pl.col("event_id").first(),  # the report where this rank describes itself, if any
         )
-        .with_columns(pl.concat_str([pl.col("op"), pl.col("shape").fill_null(""), pl.col("dtype").fill_null("")], separator="|").alias("sig"))
+        .with_columns(
+            pl.concat_str([pl.col("op"), pl.col("shape").fill_null(""), pl.col("dtype").fill_null("")], separator="|").alias("sig")
+        )
         .collect()
     )
     out = []
@@ -601,7 +611,8 @@ def _fingerprint_findings(small: pl.DataFrame, job: JobContext) -> list[dict]:
                     hosts=[job.rank_hosts[r] for r in only["ranks"] if r in job.rank_hosts],
                     confidence=0.45,
                     summary=f"collective fingerprint mismatch at #{seq} (TORCH_DISTRIBUTED_DEBUG=DETAIL): "
-                    f"{_ranks_label(only['ranks'])} {_verb(only['ranks'], 'run')} {_fp_text(only)}; the other side of the report was not captured",
+                    f"{_ranks_label(only['ranks'])} {_verb(only['ranks'], 'run')} {_fp_text(only)}; "
+                    "the other side of the report was not captured",
                     evidence=only["eids"],
                 )
             )

@@ -32,7 +32,10 @@ _COLLECTIVE_NAME = (
     r"|^(?:broadcast|broadcast_object_list|broadcast_coalesced|_broadcast_coalesced|(?:monitored_)?barrier|inference_all_reduce)$"
 )
 # Names that are collectives only inside distributed / CUDA code (`wait` is also threading's).
-_GENERIC_NAME = r"^_?(?:wait|synchronize|send|recv|isend|irecv|reduce|gather|scatter|wait_stream|wait_tensor|batch_isend_irecv|gather_object|scatter_object_list)$"
+_GENERIC_NAME = (
+    r"^_?(?:wait|synchronize|send|recv|isend|irecv|reduce|gather|scatter|wait_stream|wait_tensor"
+    r"|batch_isend_irecv|gather_object|scatter_object_list)$"
+)
 _DISTRIBUTED_FILE = r"torch/distributed|torch/cuda|deepspeed|megatron|c10d|nccl|/comm/|comm\.py"
 _NATIVE_COLLECTIVE = r"(?i)nccl|ProcessGroupNCCL|WorkNCCL|c10d::|(?:cuda|cu)(?:Device|Stream|Event|Ctx)Synchronize"
 # Frames that say nothing about where a rank is (decorators, nn.Module dispatch).
@@ -125,7 +128,12 @@ def stack_clusters(events: pl.DataFrame) -> pl.DataFrame:
     )
     per_dump = frames.group_by("who_kind", "who", "file", "event_id").agg(
         pl.col("is_collective").any().alias("in_collective"),
-        pl.concat_str([pl.col("func"), pl.lit(" ("), pl.col("where"), pl.lit(")")]).filter(pl.col("is_python")).str.join(" <- ").alias("signature"),
+        # File basenames only: install paths differ across hosts and between py-spy's text (short
+        # names) and JSON (absolute) output, and must not split a cluster.
+        pl.concat_str([pl.col("func"), pl.lit(" ("), pl.col("where").str.extract(r"([^/]*)$", 1), pl.lit(")")])
+        .filter(pl.col("is_python"))
+        .str.join(" <- ")
+        .alias("signature"),
         pl.col("func").filter(pl.col("is_python") & ~pl.col("func").is_in(_NOISE)).head(2).str.join(" <- ").alias("python_label"),
         pl.col("func").filter(~pl.col("func").str.contains(r"^0[xX][0-9a-fA-F]+$")).head(2).str.join(" <- ").alias("native_label"),
     )
@@ -142,7 +150,8 @@ def stack_clusters(events: pl.DataFrame) -> pl.DataFrame:
             pl.col("event_id"),
         )
         .with_columns(
-            pl.coalesce("signature", pl.concat_str([pl.lit("native: "), pl.col("native_label")]), pl.lit("(no frames)")).alias("signature"),
+            pl.coalesce("signature", pl.concat_str([pl.lit("native: "), pl.col("native_label")]), pl.lit("(no frames)"))
+            .alias("signature"),
             pl.coalesce(pl.col("python_label"), pl.col("native_label"), pl.lit("(no frames)")).alias("label"),
         )
     )

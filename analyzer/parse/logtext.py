@@ -8,6 +8,7 @@ grammars. Lines that match no kind are counted, not kept: the input table report
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -56,89 +57,160 @@ class LineKind:
     severity: str
     pattern: str
     family: str | None = None  # "nccl", "c10d", or None (any line)
+    literals: tuple[str, ...] = ()  # the prefilter: a line without any of these never reaches `pattern`
 
 
 LINE_KINDS: tuple[LineKind, ...] = (
     # NCCL debug output
-    LineKind("nccl.warn", "warning", r"^", "nccl_warn"),
-    LineKind("nccl.error_chain", "info", r"^[\w/.\-]+\.(?:cc|h|c|cpp):\d+ -> \d+", "nccl"),
-    LineKind("nccl.version", "info", r"^NCCL version \S+", "nccl"),
-    LineKind("nccl.comm_init", "info", r"comm 0x[0-9a-fA-F]+ rank \d+ nr?anks \d+ cudaDev \d+.*Init (?:START|COMPLETE)", "nccl"),
-    LineKind("nccl.comm_teardown", "info", r"- (?:Abort|Destroy) (?:START|COMPLETE)", "nccl"),
-    LineKind("nccl.env", "info", r" set by environment to ", "nccl"),
-    LineKind("nccl.transport", "info", r" via (?:P2P|SHM|NET|COLLNET|direct shared memory)", "nccl"),
-    LineKind("nccl.net", "info", r"NET/Plugin|Plugin Path|P2P plugin|Using network|NET/IB|NET/Socket|Bootstrap ?: ?(?:Using|no socket)|No usable listening interface", "nccl"),
-    LineKind("nccl.conn_closed", "warning", r"Connection closed by", "nccl"),
-    LineKind("nccl.cuda_driver", "info", r"^cudaDriverVersion \d+", "nccl"),
-    LineKind("nccl.version", "info", r"^NCCL version \S+\+cuda", None),
+    LineKind("nccl.warn", "warning", r"^", "nccl_warn", ("NCCL WARN", " WARN ")),
+    LineKind("nccl.error_chain", "info", r"^[\w/.\-]+\.(?:cc|h|c|cpp):\d+ -> \d+", "nccl", (" -> ",)),
+    LineKind("nccl.version", "info", r"^NCCL version \S+", "nccl", ("NCCL version",)),
+    LineKind("nccl.comm_init", "info", r"comm 0x[0-9a-fA-F]+ rank \d+ nr?anks \d+ cudaDev \d+.*Init (?:START|COMPLETE)", "nccl", ("Init START", "Init COMPLETE")),
+    LineKind("nccl.comm_teardown", "info", r"- (?:Abort|Destroy) (?:START|COMPLETE)", "nccl", ("Abort START", "Abort COMPLETE", "Destroy COMPLETE", "Destroy START")),
+    LineKind("nccl.env", "info", r" set by environment to ", "nccl", (" set by environment to ",)),
+    LineKind("nccl.transport", "info", r" via (?:P2P|SHM|NET|COLLNET|direct shared memory)", "nccl", (" via ",)),
+    LineKind("nccl.net", "info", r"NET/Plugin|Plugin Path|P2P plugin|Using network|NET/IB|NET/Socket|Bootstrap ?: ?(?:Using|no socket)|No usable listening interface", "nccl", ("NET/", "Plugin", "Using network", "Bootstrap", "No usable listening interface")),
+    LineKind("nccl.conn_closed", "warning", r"Connection closed by", "nccl", ("Connection closed by",)),
+    LineKind("nccl.cuda_driver", "info", r"^cudaDriverVersion \d+", "nccl", ("cudaDriverVersion",)),
+    LineKind("nccl.version", "info", r"^NCCL version \S+\+cuda", None, ("NCCL version",)),
     # PyTorch c10d / ProcessGroupNCCL
-    LineKind("watchdog.timeout", "error", r"Watchdog caught collective operation timeout|^\s*WorkNCCL\((?:[^()]|\(ms\))*\)\s*(?:ran for|$)", None),
-    LineKind("watchdog.pg_status", "error", r"detected by watchdog at work|Timeout at NCCL work:|Received a dump signal due to a collective timeout", None),
-    LineKind("watchdog.heartbeat", "error", r"watchdog got stuck for \d+ seconds|Heartbeat monitor timed out", None),
-    LineKind("watchdog.dump", "info", r"flight recorder dump signal|First PG on this rank to signal dumping|preparing to dump debug info", None),
-    LineKind("watchdog.abort", "error", r"Some NCCL operations have failed or timed out|taking the entire process down|watchdog thread terminated with exception|Terminating the process after attempting to dump", None),
-    LineKind("native.frame", "info", r"^#\d+\s+0x[0-9a-f]+ in ", None),
-    LineKind("watchdog.frame", "error", r"(?:checkTimeout|watchdogHandler|ncclCommWatchdog|Watchdog::run|workCleanupLoop)\b", None),
-    LineKind("desync.report", "error", r"Timeout at collective: |are the lagging ranks|joined but didn't finish collective", None),
-    LineKind("c10d.fingerprint_mismatch", "error", r"Detected mismatch between collectives on ranks", None),
-    LineKind("c10d.monitored_barrier", "error", r"failed to pass monitoredBarrier", None),
-    LineKind("nccl.error_raised", "error", r"NCCL error in: ", None),
-    LineKind("nccl.last_error", "error", r"^Last error:", None),
-    LineKind("ddp.unused_parameters", "error", r"Expected to have finished reduction in the prior iteration|did not receive grad for rank|parameters that were not used in producing (?:the )?loss", None),
-    LineKind("c10d.store_error", "error", r"DistStoreError|client socket has timed out|TCP client failed to connect|server socket has failed to|Connection reset by peer|EADDRINUSE|Address already in use", None),
+    LineKind("watchdog.timeout", "error", r"Watchdog caught collective operation timeout|^\s*WorkNCCL\((?:[^()]|\(ms\))*\)\s*(?:ran for|$)", None, ("Watchdog caught", "WorkNCCL(")),
+    LineKind("watchdog.pg_status", "error", r"detected by watchdog at work|Timeout at NCCL work:|Received a dump signal due to a collective timeout", None, ("detected by watchdog at work", "Timeout at NCCL work:", "Received a dump signal")),
+    LineKind("watchdog.heartbeat", "error", r"watchdog got stuck for \d+ seconds|Heartbeat monitor timed out", None, ("watchdog got stuck", "Heartbeat monitor timed out")),
+    LineKind("watchdog.dump", "info", r"flight recorder dump signal|First PG on this rank to signal dumping|preparing to dump debug info", None, ("dump signal", "to signal dumping", "preparing to dump")),
+    LineKind("watchdog.abort", "error", r"Some NCCL operations have failed or timed out|taking the entire process down|watchdog thread terminated with exception|Terminating the process after attempting to dump", None, ("Some NCCL operations have failed", "taking the entire process down", "watchdog thread terminated", "Terminating the process")),
+    LineKind("native.frame", "info", r"^#\d+\s+0x[0-9a-f]+ in ", None, ("0x",)),
+    LineKind("watchdog.frame", "error", r"(?:checkTimeout|watchdogHandler|ncclCommWatchdog|Watchdog::run|workCleanupLoop)\b", None, ("checkTimeout", "watchdogHandler", "ncclCommWatchdog", "Watchdog::run", "workCleanupLoop")),
+    LineKind("desync.report", "error", r"Timeout at collective: |are the lagging ranks|joined but didn't finish collective", None, ("Timeout at collective: ", "lagging ranks", "joined but didn't finish")),
+    LineKind("c10d.fingerprint_mismatch", "error", r"Detected mismatch between collectives on ranks", None, ("Detected mismatch between collectives",)),
+    LineKind("c10d.monitored_barrier", "error", r"failed to pass monitoredBarrier", None, ("monitoredBarrier",)),
+    LineKind("nccl.error_raised", "error", r"NCCL error in: ", None, ("NCCL error in: ",)),
+    LineKind("nccl.last_error", "error", r"^Last error:", None, ("Last error:",)),
+    LineKind("ddp.unused_parameters", "error", r"Expected to have finished reduction in the prior iteration|did not receive grad for rank|parameters that were not used in producing (?:the )?loss", None, ("finished reduction in the prior iteration", "did not receive grad", "not used in producing")),
+    LineKind("c10d.store_error", "error", r"DistStoreError|client socket has timed out|TCP client failed to connect|server socket has failed to|Connection reset by peer|EADDRINUSE|Address already in use", None, ("DistStoreError", "client socket has timed out", "TCP client failed", "server socket has failed", "Connection reset by peer", "EADDRINUSE", "Address already in use")),
     # torchrun / torchelastic
-    LineKind("torchrun.worker_failed", "error", r"failed \(exitcode: -?\d+\) local_rank: \d+", None),
-    LineKind("torchrun.sigterm", "info", r"Sending process \d+ closing signal", None),
-    LineKind("torchrun.restart", "warning", r"Worker group FAILED", None),
-    LineKind("torchrun.child_failed", "error", r"ChildFailedError", None),
-    LineKind("torchrun.table_section", "info", r"^(?:Root Cause \(first observed failure\)|Root Cause|Failures|Other Failures):\s*$", None),
-    LineKind("torchrun.table_field", "info", r"^\s*(?:\[\d+\]:|time\s*:|host\s*:|rank\s*:\s*-?\d+ \(local_rank|exitcode\s*:|error_file\s*:|traceback\s*:|msg\s*:)", None),
+    LineKind("torchrun.worker_failed", "error", r"failed \(exitcode: -?\d+\) local_rank: \d+", None, ("failed (exitcode:",)),
+    LineKind("torchrun.sigterm", "info", r"Sending process \d+ closing signal", None, ("closing signal",)),
+    LineKind("torchrun.restart", "warning", r"Worker group FAILED", None, ("Worker group FAILED",)),
+    LineKind("torchrun.child_failed", "error", r"ChildFailedError", None, ("ChildFailedError",)),
+    LineKind("torchrun.table_section", "info", r"^(?:Root Cause \(first observed failure\)|Root Cause|Failures|Other Failures):\s*$", None, ("Root Cause", "Failures:")),
+    LineKind("torchrun.table_field", "info", r"^\s*(?:\[\d+\]:|time\s*:|host\s*:|rank\s*:\s*-?\d+ \(local_rank|exitcode\s*:|error_file\s*:|traceback\s*:|msg\s*:)", None, ("time      :", "host      :", "rank      :", "exitcode  :", "error_file:", "traceback :", "msg:", "<NO_OTHER_FAILURES>")),
     # Python tracebacks
-    LineKind("traceback.start", "info", r"Traceback \(most recent call last\)", None),
-    LineKind("traceback.exception", "error", _PY_EXCEPTION, None),
+    LineKind("traceback.start", "info", r"Traceback \(most recent call last\)", None, ("Traceback (most recent call last)",)),
+    LineKind("traceback.exception", "error", _PY_EXCEPTION, None, ("Error", "Exception", "Exit", "Interrupt", "Failure", "Warning", "StopIteration")),
     # system, scheduler and hardware
-    LineKind("system.xid", "error", r"NVRM: Xid|\bXid \(PCI:", None),
-    LineKind("system.oom_kill", "error", r"Out of memory: Kill(?:ed)? process|oom_kill event|oom-kill|invoked oom-killer|Memory cgroup out of memory", None),
-    LineKind("slurm.task_exit", "error", r"^srun: error: \S+: tasks? [\d,\-]+: ", None),
-    LineKind("slurm.cancelled", "error", r"slurmstepd: error: \*\*\* (?:STEP|JOB) ", None),
-    LineKind("gpu.process", "info", r"(?:^|\|)\s*\d+\s+N/A\s+N/A\s+\d+\s+(?:C|G|C\+G)\s+.*\d+MiB\s*\|?\s*$", None),
-    LineKind("cuda.error", "error", r"CUDA error: |CUDA out of memory|uncorrectable ECC error|CUBLAS_STATUS_|cudaErrorLaunchFailure|an illegal memory access", None),
-    LineKind("system.io_error", "error", r"No space left on device|Disk quota exceeded|Input/output error|Read-only file system|file write failed|Errno 28|Errno 5\]", None),
-    LineKind("checkpoint.error", "error", r"PytorchStreamReader failed|failed finding central directory|checkpoints? paths are missing|Error\(s\) in loading state_dict|unexpected EOF|invalid load key", None),
+    LineKind("system.xid", "error", r"NVRM: Xid|\bXid \(PCI:", None, ("Xid",)),
+    LineKind("system.oom_kill", "error", r"Out of memory: Kill(?:ed)? process|oom_kill event|oom-kill|invoked oom-killer|Memory cgroup out of memory", None, ("Out of memory", "oom_kill", "oom-kill", "oom-killer", "out of memory")),
+    LineKind("slurm.task_exit", "error", r"^srun: error: \S+: tasks? [\d,\-]+: ", None, ("srun: error:",)),
+    LineKind("slurm.cancelled", "error", r"slurmstepd: error: \*\*\* (?:STEP|JOB) ", None, ("slurmstepd: error:",)),
+    LineKind("gpu.process", "info", r"(?:^|\|)\s*\d+\s+N/A\s+N/A\s+\d+\s+(?:C|G|C\+G)\s+.*\d+MiB\s*\|?\s*$", None, ("MiB",)),
+    LineKind("cuda.error", "error", r"CUDA error: |CUDA out of memory|uncorrectable ECC error|CUBLAS_STATUS_|cudaErrorLaunchFailure|an illegal memory access", None, ("CUDA error: ", "CUDA out of memory", "ECC error", "CUBLAS_STATUS_", "cudaErrorLaunchFailure", "illegal memory access")),
+    LineKind("system.io_error", "error", r"No space left on device|Disk quota exceeded|Input/output error|Read-only file system|file write failed|Errno 28|Errno 5\]", None, ("No space left on device", "Disk quota exceeded", "Input/output error", "Read-only file system", "file write failed", "Errno 28", "Errno 5]")),
+    LineKind("checkpoint.error", "error", r"PytorchStreamReader failed|failed finding central directory|checkpoints? paths are missing|Error\(s\) in loading state_dict|unexpected EOF|invalid load key", None, ("PytorchStreamReader failed", "central directory", "paths are missing", "in loading state_dict", "unexpected EOF", "invalid load key")),
     # training progress
-    LineKind("progress", "info", r"\d+%\|[^|]*\|\s*\d+/\d+ \[", None),
-    LineKind("train.step", "info", r"(?i)\b(?:iter(?:ation)?|step|global_step)\b[ =:#]*\d+\b.*\bloss\b", None),
-    LineKind("train.end", "info", r"`Trainer.fit` stopped|Training completed|training finished|Finished training", None),
-    LineKind("log.error", "error", r"\b(?:ERROR|FATAL|CRITICAL)\b|\bError: ", None),
+    LineKind("progress", "info", r"\d+%\|[^|]*\|\s*\d+/\d+ \[", None, ("%|",)),
+    LineKind("train.step", "info", r"(?i)\b(?:iter(?:ation)?|step|global_step)\b[ =:#]*\d+\b.*\bloss\b", None, ("loss",)),
+    LineKind("train.end", "info", r"`Trainer.fit` stopped|Training completed|training finished|Finished training", None, ("Trainer.fit` stopped", "Training completed", "training finished", "Finished training")),
+    LineKind("log.error", "error", r"\b(?:ERROR|FATAL|CRITICAL)\b|\bError: ", None, ("ERROR", "FATAL", "CRITICAL", "Error: ")),
 )
 
 _KIND_SEVERITY = {k.kind: k.severity for k in LINE_KINDS}
 
 
-def parse_text_file(item: InputFile, year_hint: int) -> pl.DataFrame:
-    """All events of one text log. Sets `item.lines` / `item.unparsed_lines`."""
-    frames: list[pl.DataFrame] = []
+# Every literal of every line kind: a line containing none of them cannot be classified, so it is
+# counted and dropped before any regex runs (Aho-Corasick over the raw text, the cheap part).
+# Step and progress lines are numerous and only the first and last per file matter to the report:
+# they are sampled instead of classified.
+_SAMPLED_KINDS = ("train.step", "progress")
+PREFILTER_LITERALS: tuple[str, ...] = tuple(
+    sorted({lit for k in LINE_KINDS if k.kind not in _SAMPLED_KINDS for lit in k.literals})
+)
+_STEP_LITERALS = tuple(sorted({lit for k in LINE_KINDS if k.kind in _SAMPLED_KINDS for lit in k.literals}))
+# Lines that may belong to a multi-line record (traceback frames and their indented source lines).
+_CONTEXT_LITERALS = ('File "', "Traceback", "    ")
+_STEPS_KEPT_AT_END = 2
+_NEIGHBOURS_AFTER = 3  # `Last error:` and wrapped WorkNCCL records continue on the next lines
+
+
+@dataclass
+class TextPiece:
+    """One decoded chunk of one input, with the line number its first line has in the file."""
+
+    item: InputFile
+    text: str
+    first_line: int
+    last_piece: bool
+
+
+def iter_pieces(item: InputFile) -> Iterator[TextPiece]:
     first_line = 1
-    last_line: pl.DataFrame | None = None
+    previous: str | None = None
     for chunk in iter_text_chunks(item):
-        lines = peel_prefixes(lines_frame(chunk, item.path, first_line))
-        first_line += lines.height
-        item.lines += lines.height
-        classified = _classify(lines)
-        kept = classified.filter(pl.col("kind").is_not_null())
-        item.unparsed_lines += classified.filter(
-            pl.col("kind").is_null() & (pl.col("body").str.strip_chars().str.len_chars() > 0)
-        ).height
-        frames.append(_to_events(kept, lines, year_hint))
-        non_empty = lines.filter(pl.col("body").str.strip_chars().str.len_chars() > 0)
-        if non_empty.height:
-            last_line = non_empty.tail(1)
-    if last_line is not None:
-        frames.append(_last_line_event(last_line, year_hint))
-    frames = [f for f in frames if f.height]
-    if not frames:
+        if previous is not None:
+            yield TextPiece(item, previous, first_line, last_piece=False)
+            first_line += _line_count(previous)
+        previous = chunk
+    if previous is not None:
+        yield TextPiece(item, previous, first_line, last_piece=True)
+
+
+def _line_count(text: str) -> int:
+    return text.count("\n") + (0 if text.endswith("\n") else 1)
+
+
+def parse_text_file(item: InputFile, year_hint: int) -> pl.DataFrame:
+    """All events of one text log (sets `item.lines` / `item.unparsed_lines`)."""
+    return parse_text_pieces(list(iter_pieces(item)), year_hint)
+
+
+def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
+    """Events of a batch of text chunks, possibly from many files, processed as one frame."""
+    if not pieces:
         return empty_events()
-    return pl.concat(frames, how="vertical")
+    lines = pl.concat([lines_frame(p.text, p.item.path, p.first_line) for p in pieces], how="vertical").rechunk()
+    text = pl.col("text")
+    lines = lines.with_columns(
+        text.str.contains_any(list(PREFILTER_LITERALS)).alias("_cand"),
+        text.str.contains_any(list(_STEP_LITERALS)).alias("_step"),
+        text.str.contains_any(list(_CONTEXT_LITERALS)).alias("_ctx"),
+        (text.str.strip_chars().str.len_chars() > 0).alias("_nonempty"),
+    )
+    near = pl.lit(False)
+    for offset in range(1, _NEIGHBOURS_AFTER + 1):
+        near = near | pl.col("_cand").shift(offset).over("file").fill_null(False)
+    near = near | pl.col("_cand").shift(-1).over("file").fill_null(False)  # `[N]:` before a table field
+    selected = lines.filter(pl.col("_cand") | pl.col("_ctx") | near)
+    steps = _sampled_steps(lines.filter(pl.col("_step") & ~pl.col("_cand") & ~pl.col("_ctx") & ~near))
+    chosen = peel_prefixes(pl.concat([selected, steps], how="vertical").sort("file", "line"))
+    classified = _classify(chosen)
+    kept = classified.filter(pl.col("kind").is_not_null())
+    events = [_to_events(kept, chosen, year_hint)]
+    last_files = [p.item.path for p in pieces if p.last_piece]
+    last = lines.filter(pl.col("_nonempty") & pl.col("file").is_in(last_files)).group_by("file", maintain_order=True).last()
+    if last.height:
+        events.append(_last_line_event(peel_prefixes(last.select("file", "line", "text")), year_hint))
+    _count_lines(pieces, lines, kept)
+    return pl.concat([e for e in events if e.height], how="vertical") if any(e.height for e in events) else empty_events()
+
+
+def _sampled_steps(steps: pl.DataFrame) -> pl.DataFrame:
+    position = pl.int_range(pl.len()).over("file")
+    return steps.filter((position == 0) | (position >= pl.len().over("file") - _STEPS_KEPT_AT_END))
+
+
+def _count_lines(pieces: list[TextPiece], lines: pl.DataFrame, kept: pl.DataFrame) -> None:
+    """Per file: lines read, and non-empty lines that no kind recognised (step lines count as read)."""
+    totals = lines.group_by("file").agg(
+        pl.len().alias("n"),
+        (pl.col("_nonempty") & ~pl.col("_step")).sum().alias("nonempty"),
+    )
+    recognised = kept.group_by("file").agg(pl.col("line").filter(pl.col("kind") != "train.step").n_unique().alias("k"))
+    counts = totals.join(recognised, on="file", how="left").fill_null(0)
+    by_file = {f: (n, max(ne - k, 0)) for f, n, ne, k in counts.iter_rows()}
+    for item in {id(p.item): p.item for p in pieces}.values():
+        n, unparsed = by_file.get(item.path, (0, 0))
+        item.lines += n
+        item.unparsed_lines += unparsed
 
 
 def _classify(lines: pl.DataFrame) -> pl.DataFrame:
