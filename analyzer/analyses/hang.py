@@ -27,15 +27,15 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         pl.coalesce("rank", "pg_rank").alias("rank")
     )
     if timeouts.height == 0:
-        return findings_frame([])
+        # No timeout because the launcher tore the survivors down first: they are victims too.
+        victims = _torn_down_ranks(events)
+        crashed = _crashed_peers(events, victims, confidence=0.6, waited="were torn down by the launcher") if victims else None
+        return findings_frame([crashed] if crashed else [])
     waiting = set(timeouts.get_column("rank").drop_nulls().to_list())
     crashed = _crashed_peers(events, waiting)
     if crashed is not None:
         return findings_frame([crashed])
     stuck = timeouts.sort("seq", "op", nulls_last=True).row(0, named=True)
-    behind = _behind_ranks(events, stuck["seq"])
-    if behind is not None:
-        return findings_frame([behind])
     barrier_like = (stuck["numel_in"] == 1) or (stuck["op"] in ("BARRIER", "ALLREDUCE") and stuck["numel_in"] == 1)
     busy = _busy_rank(events, waiting)
     evidence = timeouts.get_column("event_id").head(10).to_list()
@@ -76,7 +76,18 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     return findings_frame([])
 
 
-def _crashed_peers(events: pl.DataFrame, waiting: set[int]) -> dict | None:
+def _torn_down_ranks(events: pl.DataFrame) -> set[int]:
+    """Ranks the elastic agent terminated (exit -15 in its failure table, or a SignalException)."""
+    torn = events.filter(
+        (pl.col("kind").is_in(["torchrun.failure", "torchrun.root_cause"]) & (pl.col("exitcode") == -15))
+        | pl.col("message").fill_null("").str.contains("SignalException: Process \\d+ got signal: 15")
+    )
+    return set(torn.get_column("rank").drop_nulls().to_list())
+
+
+def _crashed_peers(
+    events: pl.DataFrame, waiting: set[int], confidence: float = 0.75, waited: str = "waited in a collective"
+) -> dict | None:
     """A rank that raised, and is not itself only reporting the timeout, is the first failure."""
     raised = events.filter(
         pl.col("kind").is_in(_CRASH_KINDS)
@@ -92,31 +103,9 @@ def _crashed_peers(events: pl.DataFrame, waiting: set[int]) -> dict | None:
         "hang-peer-crashed-others-waited",
         ranks=ranks,
         hosts=culprits.get_column("host").drop_nulls().unique().to_list(),
-        confidence=0.75,
-        summary=f"rank {_ranks(ranks)} raised ({first['message'][:160]}) while ranks {_ranks(waiting) or '?'} waited in a collective",
+        confidence=confidence,
+        summary=f"rank {_ranks(ranks)} raised ({first['message'][:160]}) while ranks {_ranks(waiting) or '?'} {waited}",
         evidence=culprits.get_column("event_id").head(10).to_list(),
-    )
-
-
-def _behind_ranks(events: pl.DataFrame, stuck_seq: int | None) -> dict | None:
-    """Ranks whose own status line says they never enqueued the collective the others wait in."""
-    if stuck_seq is None:
-        return None
-    status = events.filter(
-        (pl.col("kind") == "watchdog.pg_status") & pl.col("last_enqueued").is_not_null()
-    ).with_columns(pl.coalesce("rank", "pg_rank").alias("rank"))
-    behind = status.filter((pl.col("last_enqueued") < stuck_seq) & pl.col("rank").is_not_null())
-    if behind.height == 0:
-        return None
-    ranks = behind.get_column("rank").unique().to_list()
-    enqueued = behind.get_column("last_enqueued").max()
-    return finding(
-        "hang-rank-behind-in-sequence",
-        ranks=ranks,
-        hosts=behind.get_column("host").drop_nulls().unique().to_list(),
-        confidence=0.8,
-        summary=f"others wait in collective #{stuck_seq}; rank {_ranks(ranks)} last enqueued #{enqueued}: it never arrived",
-        evidence=behind.get_column("event_id").head(10).to_list(),
     )
 
 

@@ -30,6 +30,9 @@ _PYTHON_FILE = r"(?:\.pyw?|^<[^>]*>)$"
 _COLLECTIVE_NAME = (
     r"^_?(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all)(?:_\w+)?$"
     r"|^(?:broadcast|broadcast_object_list|broadcast_coalesced|_broadcast_coalesced|(?:monitored_)?barrier|inference_all_reduce)$"
+    # DDP all-reduces gradients from autograd hooks: a rank blocked in the backward engine is
+    # waiting in that all-reduce, which py-spy shows only as the engine call.
+    r"|^_engine_run_backward$|^run_backward$"
 )
 # Names that are collectives only inside distributed / CUDA code (`wait` is also threading's).
 _GENERIC_NAME = (

@@ -33,22 +33,29 @@ _HOST_LABEL = r"^(?P<label_host>[A-Za-z0-9][\w.\-]*[\d\-][\w.\-]*):\s"
 _HOST_LABEL_MIN_SHARE = 0.3
 
 
-def lines_frame(text: str, file: str, first_line: int = 1) -> pl.DataFrame:
-    """Split a decoded chunk into lines with 1-based numbers; lines are capped at MAX_LINE_CHARS."""
-    frame = (
-        pl.DataFrame({"text": [text]})
-        .select(pl.col("text").str.split("\n"))
-        .explode("text")
-        .with_row_index("line", offset=first_line)
+def lines_frame_many(chunks: list[tuple[str, str, int]]) -> pl.DataFrame:
+    """Lines of many (text, file, first_line) chunks, split in one call.
+
+    Thousands of small per-rank files cost more in per-call overhead than in splitting, so their
+    texts are joined and split once; each line is mapped back to its chunk by cumulative counts.
+    """
+    texts = [text if text.endswith("\n") else text + "\n" for text, _, _ in chunks]
+    counts = [t.count("\n") for t in texts]
+    joined = "".join(texts)
+    split = pl.DataFrame({"text": [joined]}).select(pl.col("text").str.split("\n")).explode("text")
+    split = split.slice(0, split.height - 1)  # the split leaves an empty tail after the last newline
+    chunk_index = pl.Series("chunk", range(len(chunks)), dtype=pl.Int64).repeat_by(pl.Series(counts, dtype=pl.UInt32)).explode()
+    files = pl.DataFrame({"chunk": range(len(chunks)), "file": [f for _, f, _ in chunks], "first": [n for _, _, n in chunks]},
+                         schema={"chunk": pl.Int64, "file": pl.String, "first": pl.Int64})
+    return (
+        split.with_columns(chunk_index)
+        .join(files, on="chunk", how="left", maintain_order="left")
         .with_columns(
-            pl.col("line").cast(pl.Int64),
+            (pl.col("first") + pl.int_range(pl.len()).over("chunk")).cast(pl.Int64).alias("line"),
             pl.col("text").str.strip_suffix("\r").str.slice(0, MAX_LINE_CHARS),
-            pl.lit(file).alias("file"),
         )
+        .select("line", "text", "file")
     )
-    if text.endswith("\n"):
-        frame = frame.slice(0, frame.height - 1)  # the split leaves an empty tail after the last newline
-    return frame
 
 
 def peel_prefixes(lines: pl.DataFrame) -> pl.DataFrame:

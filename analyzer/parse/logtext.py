@@ -17,7 +17,7 @@ import polars as pl
 from analyzer.discover import InputFile, iter_text_chunks
 from analyzer.events import conform, empty_events
 from analyzer.parse.grammars import parse_body
-from analyzer.parse.lines import lines_frame, peel_prefixes
+from analyzer.parse.lines import lines_frame_many, peel_prefixes
 
 # --- headers -------------------------------------------------------------------------------------
 
@@ -167,7 +167,7 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     """Events of a batch of text chunks, possibly from many files, processed as one frame."""
     if not pieces:
         return empty_events()
-    lines = pl.concat([lines_frame(p.text, p.item.path, p.first_line) for p in pieces], how="vertical").rechunk()
+    lines = lines_frame_many([(p.text, p.item.path, p.first_line) for p in pieces])
     text = pl.col("text")
     lines = lines.with_columns(
         text.str.contains_any(list(PREFILTER_LITERALS)).alias("_cand"),
@@ -190,7 +190,11 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     if last.height:
         events.append(_last_line_event(peel_prefixes(last.select("file", "line", "text")), year_hint))
     _count_lines(pieces, lines, kept)
-    return pl.concat([e for e in events if e.height], how="vertical") if any(e.height for e in events) else empty_events()
+    if not any(e.height for e in events):
+        return empty_events()
+    # Kept string columns are views into the whole batch's buffers; copying through Arrow lets the
+    # batch be freed, so memory stays bounded by one batch rather than growing with the input.
+    return pl.from_arrow(pl.concat([e for e in events if e.height], how="vertical").to_arrow())
 
 
 def _sampled_steps(steps: pl.DataFrame) -> pl.DataFrame:
