@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import pickle
-import time
 from pathlib import Path
 
 import polars as pl
@@ -14,7 +13,7 @@ import pytest
 
 from analyzer.discover import InputFile, discover
 from analyzer.events import EVENT_COLUMNS, EVENT_SCHEMA
-from analyzer.parse.flight_recorder import flight_recorder_events, parse_flight_recorder, rank_from_name
+from analyzer.parse.flight_recorder import ENTRIES_KEPT_PER_PG, flight_recorder_events, parse_flight_recorder, rank_from_name
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FR_DIR = SHARED / "formats-samples" / "flight-recorder"
@@ -336,7 +335,7 @@ def test_truncated_real_dump():
 # --- scale ---------------------------------------------------------------------------------------
 
 
-def test_two_thousand_entries_parse_quickly():
+def test_full_ring_buffer_keeps_the_newest_entries_per_group():
     doc = _doc()
     template = doc["entries"][0]
     entries = []
@@ -345,14 +344,15 @@ def test_two_thousand_entries_parse_quickly():
         entry.update(record_id=i, collective_seq_id=i + 1, op_id=i + 1, time_created_ns=template["time_created_ns"] + i)
         entry["frames"] = entry["frames"] + [{"name": f"step_{i % 9}", "filename": "/x/train.py", "line": 10 + i % 9}] * 6
         entries.append(entry)
+    side = copy.deepcopy(template)
+    side.update(process_group=("1", "undefined"), collective_seq_id=7)
+    entries.insert(10, side)  # an old entry of another group survives: it is that group's newest
     doc["entries"] = entries
-    data = pickle.dumps(doc, protocol=4)
-    start = time.perf_counter()
-    events, info = parse_flight_recorder(_item("nccl_trace_rank_42", data))
-    elapsed = time.perf_counter() - start
-    assert info["entries"] == 2000 and events.filter(pl.col("kind") == "fr.entry").height == 2000
-    assert events.get_column("seq").max() == 2000
-    assert elapsed < 1.0, f"{elapsed:.2f}s for one 2000-entry dump"
+    events, info = parse_flight_recorder(_item("nccl_trace_rank_42", pickle.dumps(doc, protocol=4)))
+    kept = events.filter(pl.col("kind") == "fr.entry")
+    assert info["entries"] == 2001 and info["entries_kept"] == ENTRIES_KEPT_PER_PG + 1
+    assert kept.filter(pl.col("pg") == "0").get_column("seq").to_list() == list(range(2001 - ENTRIES_KEPT_PER_PG, 2001))
+    assert kept.filter(pl.col("pg") == "1").get_column("seq").to_list() == [7]
 
 
 def test_big_group_membership_is_carried_by_its_first_two_ranks_only():

@@ -165,6 +165,8 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
     if not isinstance(entries, list):
         raise FlightRecorderError("not a Flight Recorder dump: 'entries' is not a list")
     entries = [e for e in entries if isinstance(e, Mapping)]
+    total_entries = len(entries)
+    entries = _recent_per_pg(entries)
     members = _pg_members(pg_config)
     entry_columns = _entry_columns(entries, members, rank)
     status_columns = _status_columns(pg_config, pg_status, members, rank)
@@ -180,11 +182,30 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
         "comm_lib_version": comm_version,
         "rank": rank,
         "ranks": [rank] if rank is not None else [],
-        "entries": len(entries),
+        "entries": total_entries,
+        "entries_kept": len(entries),
         "pgs": pgs,
         "pg_sizes": {pg: len(ranks) for pg, ranks in members.items()},
     }
     return events, summary
+
+
+# A hang is decided by the last collectives of each process group; a full ring buffer (thousands of
+# completed entries per rank, x16k ranks) adds nothing but memory. Keep the newest entries per group.
+ENTRIES_KEPT_PER_PG = 64
+
+
+def _recent_per_pg(entries: list[Mapping]) -> list[Mapping]:
+    if len(entries) <= ENTRIES_KEPT_PER_PG:
+        return entries
+    seen: dict[str | None, int] = {}
+    keep = [False] * len(entries)
+    for index in range(len(entries) - 1, -1, -1):
+        pg = _pg_of(entries[index])
+        if seen.get(pg, 0) < ENTRIES_KEPT_PER_PG:
+            seen[pg] = seen.get(pg, 0) + 1
+            keep[index] = True
+    return [entry for entry, kept in zip(entries, keep) if kept]
 
 
 def _frame(file: str, rank: int | None, *parts: tuple[int, dict[str, list]]) -> pl.DataFrame:
