@@ -15,16 +15,21 @@ from pathlib import Path
 RANKS_PER_HOST = 8
 
 
+def _host_ip(rank: int) -> str:
+    node = rank // RANKS_PER_HOST
+    return f"10.0.{node // 250}.{node % 250 + 1}"
+
+
 def _nccl_init(host: str, pid: int, local: int, rank: int, world: int, comm: str, rng: random.Random) -> list[str]:
     p = f"{host}:{pid}:{pid} [{local}] NCCL INFO "
     t = f"{host}:{pid}:{pid + 40} [{local}] NCCL INFO "
     bus = f"{(local + 1) * 16:x}000"
     lines = [
         p + "cudaDriverVersion 12080",
-        p + "Bootstrap: Using eth0:10.0.%d.%d<0>" % (rank // 250, rank % 250 + 1),
+        p + "Bootstrap: Using eth0:%s<0>" % _host_ip(rank),
         p + "NCCL version 2.21.5+cuda12.4",
         t + "NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.",
-        t + "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.1<0>",
+        t + "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:%s<0>" % _host_ip(rank),
         t + "Using network IB",
         t + f"ncclCommInitRank comm {comm} rank {rank} nranks {world} cudaDev {local} nvmlDev {local} busId {bus} commId 0x{rng.getrandbits(64):016x} - Init START",
         t + "NCCL_IB_TIMEOUT set by environment to 22.",

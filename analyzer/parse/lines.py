@@ -8,6 +8,8 @@ loops over lines in Python.
 
 from __future__ import annotations
 
+import io
+
 import polars as pl
 
 MAX_LINE_CHARS = 4096
@@ -37,25 +39,41 @@ def lines_frame_many(chunks: list[tuple[str, str, int]]) -> pl.DataFrame:
     """Lines of many (text, file, first_line) chunks, split in one call.
 
     Thousands of small per-rank files cost more in per-call overhead than in splitting, so their
-    texts are joined and split once; each line is mapped back to its chunk by cumulative counts.
+    texts are joined and split once by polars' CSV reader (one column, no quoting: the fastest line
+    splitter at hand, several times faster than `str.split` + `explode`); each line is mapped back
+    to its chunk by the per-chunk line counts.
     """
     texts = [text if text.endswith("\n") else text + "\n" for text, _, _ in chunks]
     counts = [t.count("\n") for t in texts]
     joined = "".join(texts)
-    split = pl.DataFrame({"text": [joined]}).select(pl.col("text").str.split("\n")).explode("text")
-    split = split.slice(0, split.height - 1)  # the split leaves an empty tail after the last newline
-    chunk_index = pl.Series("chunk", range(len(chunks)), dtype=pl.Int64).repeat_by(pl.Series(counts, dtype=pl.UInt32)).explode()
-    files = pl.DataFrame({"chunk": range(len(chunks)), "file": [f for _, f, _ in chunks], "first": [n for _, _, n in chunks]},
-                         schema={"chunk": pl.Int64, "file": pl.String, "first": pl.Int64})
-    return (
-        split.with_columns(chunk_index)
-        .join(files, on="chunk", how="left", maintain_order="left")
-        .with_columns(
-            (pl.col("first") + pl.int_range(pl.len()).over("chunk")).cast(pl.Int64).alias("line"),
-            pl.col("text").str.strip_suffix("\r").str.slice(0, MAX_LINE_CHARS),
-        )
-        .select("line", "text", "file")
+    if _COLUMN_SEPARATOR in joined:  # never in real logs; it would split a line into columns
+        joined = joined.replace(_COLUMN_SEPARATOR, " ")
+    split = pl.read_csv(
+        io.BytesIO(joined.encode("utf-8", errors="replace")),
+        has_header=False,
+        separator=_COLUMN_SEPARATOR,
+        quote_char=None,
+        infer_schema=False,
+        new_columns=["text"],
+        raise_if_empty=False,
     )
+    if split.height != sum(counts):  # the reader must yield exactly one row per line; if not, split in Python
+        split = pl.DataFrame({"text": joined.split("\n")[:-1]}, schema={"text": pl.String})
+    repeat = pl.Series(counts, dtype=pl.UInt32)
+    starts = [0]
+    for count in counts[:-1]:
+        starts.append(starts[-1] + count)
+    offsets = pl.Series([first - start for (_, _, first), start in zip(chunks, starts)], dtype=pl.Int64)
+    return pl.DataFrame(
+        {
+            "line": offsets.repeat_by(repeat).explode() + pl.int_range(split.height, eager=True, dtype=pl.Int64),
+            "text": split.get_column("text").fill_null("").str.strip_suffix("\r").str.slice(0, MAX_LINE_CHARS),
+            "file": pl.Series([f for _, f, _ in chunks], dtype=pl.String).repeat_by(repeat).explode(),
+        }
+    )
+
+
+_COLUMN_SEPARATOR = "\x1f"
 
 
 def peel_prefixes(lines: pl.DataFrame) -> pl.DataFrame:
