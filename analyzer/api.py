@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from analyzer import __version__
+from analyzer.analyses import JobContext
 from analyzer.correlate import JobFacts, correlate
 from analyzer.decide import decide
 from analyzer.detect import detect, format_ranks
@@ -50,9 +51,12 @@ def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()
     events, facts = correlate(raw, inputs)
     _record_input_ranks(events, inputs)
     rules = rules_by_id()
-    detection = detect(events, facts.context(events, root=str(path), checkpoint_paths=tuple(map(str, checkpoint_paths))))
+    job = facts.context(events, root=str(path), checkpoint_paths=tuple(map(str, checkpoint_paths)))
+    detection = detect(events, job)
     decision = decide(detection.findings, rules)
-    report = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems)
+    checkpoints = _checkpoint_records(events, job, detection.problems)
+    report = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems,
+                          checkpoints)
     return Analysis(events, decision.ranked, facts, inputs, report)
 
 
@@ -77,11 +81,12 @@ def build_report(
     inputs: list[InputFile],
     rules: dict[str, Rule],
     problems: list[str],
+    checkpoints: list[dict] | None = None,
 ) -> dict:
     by_id = events.select("event_id", "file", "line", "rank", "text").rows_by_key("event_id", named=True, unique=True)
     findings = [_finding_doc(row, rules[row["rule_id"]], by_id) for row in ranked.iter_rows(named=True)]
     verdict = _verdict_doc(findings, verdict_rule)
-    return {
+    report = {
         "schema_version": SCHEMA_VERSION,
         "analyzer_version": __version__,
         "job": {
@@ -90,12 +95,38 @@ def build_report(
             "ranks": facts.ranks,
             "hosts": facts.hosts,
             "outcome": _outcome(verdict, events),
+            "host_facts": _host_fact_records(events, problems),
         },
         "verdict": verdict,
         "findings": findings,
         "inputs": [_input_doc(i) for i in inputs],
         "problems": problems,
     }
+    if checkpoints is not None:
+        report["checkpoints"] = checkpoints
+    return report
+
+
+def _checkpoint_records(events: pl.DataFrame, job: JobContext, problems: list[str]) -> list[dict] | None:
+    """The checkpoint table for the report; the checkpoint_audit analysis read the same files (cached)."""
+    from analyzer.checkpoints import audit_job, report_records
+
+    try:
+        return report_records(audit_job(events, job))
+    except Exception as exc:  # noqa: BLE001 - a failed audit must not cost the rest of the report
+        problems.append(f"checkpoint audit failed: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _host_fact_records(events: pl.DataFrame, problems: list[str]) -> list[dict]:
+    """Per-host facts table (versions, plugin, env, GPUs) with the cells that differ named."""
+    from analyzer.hostfacts import host_fact_records
+
+    try:
+        return host_fact_records(events)
+    except Exception as exc:  # noqa: BLE001 - a failed table must not cost the rest of the report
+        problems.append(f"host facts table failed: {type(exc).__name__}: {exc}")
+        return []
 
 
 def _finding_doc(row: dict, rule: Rule, by_id: dict) -> dict:

@@ -40,7 +40,10 @@ def main() -> None:
 @click.option("--all-inputs", is_flag=True, help="List every input file in the text report.")
 @click.option("--checkpoint", "checkpoints", multiple=True, type=click.Path(path_type=Path),
               help="A checkpoint file or directory to audit besides those found in JOB (repeatable).")
-def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoints: tuple[Path, ...]) -> None:
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write a self-contained HTML report with a cross-rank timeline to this file.")
+def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoints: tuple[Path, ...],
+            html_path: Path | None) -> None:
     """Analyse the job directory (or log file, or archive) JOB and print the verdict.
 
     Exit status: 0 nothing found, 1 failure identified, 2 could not analyse.
@@ -53,6 +56,10 @@ def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoi
     except DiscoveryError as exc:
         raise CannotAnalyse(str(exc)) from exc
     report = result.report
+    if html_path:
+        from analyzer.render.html import write_html
+
+        write_html(result, html_path)
     if fmt == "json":
         text = json.dumps(report, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
         if output:
@@ -110,6 +117,15 @@ def rules_test() -> None:
     click.echo(f"{'ok' if not failures else f'{len(failures)} failing case(s)'}")
     sys.exit(1 if failures else 0)
 
+
+from analyzer.capture import capture as _capture  # noqa: E402 - stdlib + click only; defined beside its logic
+
+main.add_command(_capture)
+
+from analyzer.scan import fleet_command, scan_command  # noqa: E402 - the batch scan lives beside its engine
+
+main.add_command(scan_command)
+main.add_command(fleet_command)
 
 if __name__ == "__main__":
     main()

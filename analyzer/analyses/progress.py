@@ -34,6 +34,7 @@ WAITING_STATES = ["scheduled", "started", "timeout"]
 # are compared for them.
 SIZED_FAMILIES = ["ALLREDUCE", "BROADCAST", "REDUCE", "ALLGATHER", "REDUCE_SCATTER"]
 MAX_EVIDENCE = 40
+WAITING_EVIDENCE = 6
 
 _SMALL_KINDS = ["fr.pg_status", "watchdog.timeout", "watchdog.pg_status", "c10d.fingerprint_mismatch"]
 # Mismatches are looked for among the collectives that not every rank has completed (where a hang
@@ -308,7 +309,8 @@ def _absent_finding(stall: dict, earlier: list[dict], later: list[dict], alive: 
     if absent_ranks:
         parts.append(_last_enqueued_text(absent))
     evidence = absent.get_column("st_eid").drop_nulls().to_list() + absent.get_column("last_eid").drop_nulls().to_list()
-    evidence += waiting.get_column("wait_eid").drop_nulls().head(MAX_EVIDENCE).to_list()
+    # A few of the waiting ranks: the absent ranks' own entries must stay within the first lines shown.
+    evidence += waiting.get_column("wait_eid").drop_nulls().head(WAITING_EVIDENCE).to_list()
     if silent:
         parts.append(f"no progress evidence from {_ranks_label(silent)} (suspect{'s' if len(silent) > 1 else ''} by absence)")
     if earlier:
@@ -451,6 +453,9 @@ def _mismatch_findings(observations: pl.LazyFrame, progress: pl.DataFrame, job: 
             pl.col("state").first(),
             pl.col("start_ts").min(),
             pl.col("event_id").min(),
+            # Evidence from each source: the rank's own dump entry and its watchdog line.
+            pl.col("event_id").filter(pl.col("src") == "fr").min().alias("fr_eid"),
+            pl.col("event_id").filter(pl.col("src") == "watchdog").min().alias("wd_eid"),
         )
         .join(progress.lazy().select("pg", "rank", "enq"), on=["pg", "rank"], how="left")
         .collect()
@@ -481,7 +486,8 @@ def _mismatch_finding(rows: pl.DataFrame, pg: str, seq: int, job: JobContext) ->
             pl.col("enq").max().alias("enq"),
             pl.col("numel_in").min().alias("numel"),
             pl.col("op").mode().sort().first().alias("op"),
-            pl.col("event_id").alias("eids"),
+            pl.col("fr_eid").drop_nulls().alias("fr_eids"),
+            pl.col("wd_eid").drop_nulls().alias("wd_eids"),
         )
         .sort("n", descending=True)
     )
@@ -517,7 +523,12 @@ def _mismatch_finding(rows: pl.DataFrame, pg: str, seq: int, job: JobContext) ->
         ) + " (equal camps: cannot tell which side is wrong)"
     if label != "op":
         summary += f" ({label} {' vs '.join(str(r[field]) for r in majority_rows + culprit_rows)})"
-    evidence = [e for row in culprit_rows for e in row["eids"]][:MAX_EVIDENCE] + [e for row in majority_rows for e in row["eids"]][:10]
+    # Dump entries are the primary evidence (they carry op, sizes, dtype and the call stack); a few
+    # watchdog lines say that the ranks really hung there. Evidence is shown in event order, with
+    # log lines first, so the watchdog lines are capped to keep the dump entries in view.
+    evidence = [e for row in culprit_rows for e in row["fr_eids"]][:MAX_EVIDENCE]
+    evidence += [e for row in majority_rows for e in row["fr_eids"]][:10]
+    evidence += [e for row in culprit_rows for e in row["wd_eids"]][:2] + [e for row in majority_rows for e in row["wd_eids"]][:1]
     hosts = [job.rank_hosts[r] for r in culprits if r in job.rank_hosts]
     return finding(MISMATCH_RULE, ranks=culprits, hosts=hosts, confidence=confidence, summary=summary, evidence=evidence)
 

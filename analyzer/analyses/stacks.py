@@ -8,6 +8,14 @@ collective frame (`all_reduce`, `barrier`, `broadcast`, a torch.distributed `wai
 
 The classic hang culprit is the rank whose main thread is outside any collective while the others
 wait inside one: rule `hang-rank-stuck-outside-collective`.
+
+A Python stack alone cannot see every wait: after `dist.all_reduce(t)` a rank blocks in
+`t.item()` (a CUDA synchronize, invisible without --native), and a rank that has enqueued its
+collectives asynchronously may already sit in unrelated code. So each rank's stack is correlated
+with the collective progress matrix (Flight Recorder entries and pg_status, watchdog lines; see
+`progress.py`): a rank with an unfinished collective there is waiting in it, whatever its stack
+shows, and a rank whose dump shows nothing pending while its stack is elsewhere is confirmed
+outside.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ _NOISE = ["wrapper", "inner", "decorate_context", "_call_impl", "_wrapped_call_i
 @register("stack_clustering")
 def stack_clustering(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     """A finding when a minority of ranks sits outside every collective while the rest wait in one."""
-    clusters = stack_clusters(events)
+    clusters = stack_clusters(events, progress=_progress_of_stacked_ranks(events))
     if clusters.height < 2:
         return findings_frame([])
     inside = clusters.filter(pl.col("in_collective"))
@@ -58,6 +66,10 @@ def stack_clustering(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     total = n_in + n_out
     if n_in and n_out and n_out <= n_in:
         culprit_clusters, confidence = outside, (0.8 if n_out * 3 <= total else 0.6 if n_out < n_in else 0.5)
+        if outside.get_column("idle_confirmed").all():
+            # Two independent sources agree: the stack is elsewhere and the rank's own Flight
+            # Recorder / watchdog status has no collective pending.
+            confidence += 0.15
         note = ""
     elif not n_in:
         # No stack shows a collective (py-spy without --native cannot see a C-level wait such as
@@ -78,6 +90,10 @@ def stack_clustering(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     summary += note
     evidence = [e for ids in culprit_clusters.get_column("event_ids").to_list() for e in ids][:MAX_EVIDENCE]
     evidence += [e for ids in majority.get_column("event_ids").to_list() for e in ids][:10]
+    # The progress-matrix events that placed a rank inside (or outside) a collective: a few, so
+    # the stacks themselves stay within the report's first lines of evidence.
+    evidence += [e for ids in culprit_clusters.get_column("matrix_eids").to_list() for e in ids][:2]
+    evidence += [e for ids in majority.get_column("matrix_eids").to_list() for e in ids][:2]
     if not culprit_ranks:
         # pid-only dumps (no rank known yet): still worth reporting, the pids are in the summary.
         confidence *= 0.8
@@ -87,12 +103,17 @@ def stack_clustering(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     )
 
 
-def stack_clusters(events: pl.DataFrame) -> pl.DataFrame:
+def stack_clusters(events: pl.DataFrame, progress: pl.DataFrame | None = None) -> pl.DataFrame:
     """Ranks grouped by main-thread stack, biggest group first.
 
     Columns: signature, label (innermost meaningful frames, "all_reduce <- global_mean"), n,
     ranks, pids (members without a known rank), in_collective, state (py-spy status of the
-    members), event_ids.
+    members, plus what the progress matrix says when it decides), event_ids, idle_confirmed (every
+    member's progress shows nothing pending), matrix_eids (the progress events used).
+
+    `progress` (from `_progress_of_stacked_ranks`: rank, waiting, wait_text, idle, matrix_eid)
+    overrides the stack: a rank waiting in an unfinished collective there is in a collective, and
+    ranks with the same stack but a different progress state form separate clusters.
     """
     if "event_id" not in events.columns:
         events = events.with_row_index("event_id").with_columns(pl.col("event_id").cast(pl.Int64))
@@ -137,7 +158,12 @@ def stack_clusters(events: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("is_python"))
         .str.join(" <- ")
         .alias("signature"),
-        pl.col("func").filter(pl.col("is_python") & ~pl.col("func").is_in(_NOISE)).head(2).str.join(" <- ").alias("python_label"),
+        # `context_decorator.<locals>.decorate_context` is noise too: compare the last name only.
+        pl.col("func")
+        .filter(pl.col("is_python") & ~pl.col("func").str.extract(r"([^.]*)$", 1).is_in(_NOISE))
+        .head(2)
+        .str.join(" <- ")
+        .alias("python_label"),
         pl.col("func").filter(~pl.col("func").str.contains(r"^0[xX][0-9a-fA-F]+$")).head(2).str.join(" <- ").alias("native_label"),
     )
     per_process = (
@@ -158,21 +184,96 @@ def stack_clusters(events: pl.DataFrame) -> pl.DataFrame:
             pl.coalesce(pl.col("python_label"), pl.col("native_label"), pl.lit("(no frames)")).alias("label"),
         )
     )
+    if progress is None or not progress.height:
+        progress = pl.DataFrame(schema=_PROGRESS_SCHEMA)
+    per_process = per_process.join(
+        progress.lazy().with_columns(pl.lit("rank").alias("who_kind")).rename({"rank": "who"}), on=["who_kind", "who"], how="left"
+    ).with_columns(
+        # The matrix decides only where the stack does not already show a collective.
+        (pl.col("waiting").fill_null(False) & ~pl.col("in_collective")).alias("_matrix_in"),
+        (pl.col("idle").fill_null(False) & ~pl.col("in_collective")).alias("_matrix_out"),
+    ).with_columns(
+        (pl.col("in_collective") | pl.col("_matrix_in")).alias("in_collective"),
+        pl.when(pl.col("_matrix_in"))
+        .then(pl.col("wait_text"))
+        .when(pl.col("_matrix_out"))
+        .then(pl.lit("nothing pending per Flight Recorder/watchdog"))
+        .alias("_matrix_note"),
+    )
     clusters = (
-        per_process.group_by("signature")
+        per_process.group_by("signature", "in_collective", "_matrix_note")
         .agg(
             pl.len().alias("n"),
             pl.col("who").filter(pl.col("who_kind") == "rank").sort().alias("ranks"),
             pl.col("who").filter(pl.col("who_kind") == "pid").sort().alias("pids"),
-            pl.col("in_collective").any(),
             pl.col("label").first(),
             pl.col("state").drop_nulls().unique().sort().str.join("/").alias("state"),
             pl.col("event_id").list.explode(keep_nulls=False, empty_as_null=False).sort().alias("event_ids"),
+            pl.col("_matrix_out").all().alias("idle_confirmed"),
+            pl.col("matrix_eid").filter(pl.col("_matrix_in") | pl.col("_matrix_out")).drop_nulls().sort().alias("matrix_eids"),
         )
-        .sort(["n", "signature"], descending=[True, False])
+        .sort(["n", "signature", "in_collective"], descending=[True, False, True], nulls_last=True)
         .collect()
     )
-    return clusters.with_columns(pl.col("state").replace("", "unknown"))
+    state = pl.col("state").replace("", "unknown")
+    return clusters.with_columns(
+        pl.when(pl.col("_matrix_note").is_not_null()).then(pl.concat_str([state, pl.lit("; "), pl.col("_matrix_note")])).otherwise(state).alias("state")
+    ).drop("_matrix_note")
+
+
+_PROGRESS_SCHEMA = {"rank": pl.Int64, "waiting": pl.Boolean, "wait_text": pl.String, "idle": pl.Boolean, "matrix_eid": pl.Int64}
+
+
+def _progress_of_stacked_ranks(events: pl.DataFrame) -> pl.DataFrame:
+    """Per rank with a stack dump: is it waiting in an unfinished collective according to the progress
+    matrix (Flight Recorder entries / pg_status, watchdog lines), or does it have nothing pending?
+
+    Columns as `_PROGRESS_SCHEMA`: `waiting` with `wait_text` ("waiting in ALLREDUCE #20 per Flight
+    Recorder") and the event that shows it; `idle` when every process group the rank has status for
+    shows last enqueued == last completed (it is not inside NCCL at all).
+    """
+    from analyzer.analyses.progress import collective_progress
+
+    stacked = events.lazy().filter((pl.col("kind") == "stack.thread") & pl.col("rank").is_not_null()).select(pl.col("rank").unique()).collect()
+    if not stacked.height:
+        return pl.DataFrame(schema=_PROGRESS_SCHEMA)
+    if "event_id" not in events.columns:
+        events = events.with_row_index("event_id").with_columns(pl.col("event_id").cast(pl.Int64))
+    relevant = events.join(stacked, on="rank", how="semi")
+    progress = collective_progress(relevant)
+    if not progress.height:
+        return pl.DataFrame(schema=_PROGRESS_SCHEMA)
+    sources = relevant.select("event_id", pl.col("source").alias("_src"))
+    by_rank = (
+        progress.lazy()
+        .join(sources.lazy(), left_on="wait_eid", right_on="event_id", how="left")
+        .sort("rank", "stuck", nulls_last=True)
+        .group_by("rank", maintain_order=True)
+        .agg(
+            pl.col("stuck").is_not_null().any().alias("waiting"),
+            pl.col("stuck").drop_nulls().first().alias("_seq"),
+            pl.col("wait_op").filter(pl.col("stuck").is_not_null()).first().alias("_op"),
+            pl.col("_src").filter(pl.col("stuck").is_not_null()).first().alias("_src"),
+            (pl.col("enq").is_not_null() & (pl.col("enq") == pl.col("done"))).all().alias("idle"),
+            pl.coalesce(pl.col("wait_eid"), pl.col("last_eid"), pl.col("st_eid")).drop_nulls().first().alias("matrix_eid"),
+        )
+        .with_columns(
+            pl.concat_str(
+                [
+                    pl.lit("waiting in "),
+                    pl.col("_op").fill_null("collective"),
+                    pl.lit(" #"),
+                    pl.col("_seq").cast(pl.String),
+                    pl.lit(" per "),
+                    pl.when(pl.col("_src") == "flight_recorder").then(pl.lit("Flight Recorder")).otherwise(pl.lit("watchdog")),
+                ]
+            ).alias("wait_text"),
+            (pl.col("idle") & ~pl.col("waiting")).alias("idle"),
+        )
+        .select(list(_PROGRESS_SCHEMA))
+        .collect()
+    )
+    return by_rank.cast(_PROGRESS_SCHEMA)
 
 
 def _members_label(cluster: dict) -> str:

@@ -18,10 +18,10 @@ def _parse_error_json(item: InputFile) -> pl.DataFrame:
     return parse_error_json(item)
 
 
-def _parse_flight_recorder(item: InputFile) -> pl.DataFrame:
+def _parse_flight_recorder(item: InputFile, doc: object | None = None) -> pl.DataFrame:
     from analyzer.parse.flight_recorder import parse_flight_recorder
 
-    events, info = parse_flight_recorder(item)
+    events, info = parse_flight_recorder(item, doc)
     if info.get("status"):
         item.status = info["status"]
         item.reason = info.get("reason", "")
@@ -40,19 +40,65 @@ def _parse_pyspy_json(item: InputFile) -> pl.DataFrame:
     return parse_pyspy_json(item)
 
 
+def _parse_capture_manifest(item: InputFile) -> pl.DataFrame:
+    from analyzer.parse.capture import parse_capture_manifest
+
+    return parse_capture_manifest(item)
+
+
+def _parse_pickle(item: InputFile) -> pl.DataFrame:
+    """A pickle is a CUDA memory snapshot or a Flight Recorder dump: decided by its content, which is
+    unpickled once (unpickling is most of the cost of a dump, and a 16k-rank job has 16k of them)."""
+    from analyzer.parse.memsnapshot import is_memory_snapshot, load_pickle, snapshot_events
+
+    try:
+        doc = load_pickle(item)
+    except Exception:  # noqa: BLE001 - the Flight Recorder parser reads it again and says why, in its words
+        doc = None
+    if doc is not None and is_memory_snapshot(doc):
+        item.format = "memory_snapshot"
+        return snapshot_events(doc, file=item.path, rank=item.rank_hint)
+    return _parse_flight_recorder(item, doc)
+
+
+def _parse_kineto(item: InputFile) -> pl.DataFrame:
+    from analyzer.parse.kineto import parse_kineto
+
+    return parse_kineto(item)
+
+
+def _parse_nsys_sqlite(item: InputFile) -> pl.DataFrame:
+    from analyzer.parse.nsys import NotNsysExport, parse_nsys_sqlite
+
+    try:
+        return parse_nsys_sqlite(item)
+    except NotNsysExport as exc:
+        item.skip(str(exc))
+        return empty_events()
+
+
+def _parse_nsys_stats_csv(item: InputFile) -> pl.DataFrame:
+    from analyzer.parse.nsys import parse_nsys_stats_csv
+
+    return parse_nsys_stats_csv(item)
+
+
 TEXT_FORMATS = ("text", "text-utf16")
 
 PARSERS = {
     "error_json": _parse_error_json,
-    "pickle": _parse_flight_recorder,
+    "pickle": _parse_pickle,
     "flight_recorder_json": _parse_flight_recorder,
     "pyspy_text": _parse_pyspy_text,
     "pyspy_json": _parse_pyspy_json,
+    "capture_manifest": _parse_capture_manifest,
+    "kineto_trace": _parse_kineto,
+    "nsys_sqlite": _parse_nsys_sqlite,
+    "nsys_stats_csv": _parse_nsys_stats_csv,
 }
 
 UNREAD_FORMATS = {
     "json": "JSON document of a kind this version does not read",
-    "kineto_trace": "profiler trace: slow-job trace analysis is not part of this version",
 }
 
 
@@ -85,8 +131,95 @@ BATCH_BYTES = 32 << 20  # small files are parsed together: per-call overhead dom
 
 def parse_inputs(items: list[InputFile]) -> pl.DataFrame:
     text_items = [i for i in items if i.status == "pending" and i.format in TEXT_FORMATS]
-    others = [i for i in items if i not in text_items]
-    return concat_events([*_parse_text_batches(text_items), *(parse_input(item) for item in others)])
+    # By identity: `in` on a list compares dataclasses field by field, O(n^2) at 100k files.
+    chosen = {id(i) for i in text_items}
+    others = [i for i in items if id(i) not in chosen]
+    return concat_events([*_parse_text_batches(text_items), *_parse_others(others)])
+
+
+# --- Flight Recorder dumps in parallel ------------------------------------------------------------
+# One dump per rank, each a pickle that is mostly unpickling (CPU-bound, under the GIL): at 16k ranks
+# that is the bulk of a job's analysis, so many dumps are parsed in spawned worker processes. Below
+# POOL_MIN_DUMPS a fresh interpreter importing polars costs more than it saves. Events keep the
+# sequential order (a chunk is a run of consecutive dumps), so the report does not depend on the
+# number of cores.
+POOLED_FORMATS = ("pickle", "flight_recorder_json")
+POOL_MIN_DUMPS = 256
+POOL_MAX_CHUNK = 1024
+
+
+def _parse_others(items: list[InputFile]) -> list[pl.DataFrame]:
+    pooled = [i for i in items if i.status == "pending" and i.format in POOLED_FORMATS]
+    workers = _pool_workers(len(pooled))
+    if workers < 2:
+        return [parse_input(item) for item in items]
+    # Runs of consecutive pooled inputs, cut into chunks of about n / (4 x workers).
+    size = max(1, min(POOL_MAX_CHUNK, -(-len(pooled) // (4 * workers))))
+    units: list[InputFile | list[InputFile]] = []
+    for item in items:
+        if item.status == "pending" and item.format in POOLED_FORMATS:
+            if units and isinstance(units[-1], list) and len(units[-1]) < size:
+                units[-1].append(item)
+            else:
+                units.append([item])
+        else:
+            units.append(item)
+    chunks = [u for u in units if isinstance(u, list)]
+    results = _run_pool(chunks, workers)
+    frames = []
+    for unit in units:
+        if not isinstance(unit, list):
+            frames.append(parse_input(unit))
+            continue
+        result = results.get(id(unit))
+        if result is None:  # the pool failed: this chunk is parsed here
+            frames.extend(parse_input(item) for item in unit)
+            continue
+        events, states = result
+        for item, (status, reason, fmt, ranks, lines, unparsed) in zip(unit, states):
+            item.status, item.reason, item.format, item.ranks = status, reason, fmt, ranks
+            item.lines, item.unparsed_lines = lines, unparsed
+        frames.append(events)
+    return frames
+
+
+def _pool_workers(n_dumps: int) -> int:
+    import multiprocessing
+    import os
+
+    if n_dumps < POOL_MIN_DUMPS or multiprocessing.parent_process() is not None:
+        return 1  # few dumps, or already inside a worker (a `scan` job): no nested pools
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return min(cores, 8, -(-n_dumps // 64))
+
+
+def _run_pool(chunks: list[list[InputFile]], workers: int) -> dict[int, tuple[pl.DataFrame, list[tuple]]]:
+    """Parse chunks in `workers` spawned processes; a chunk whose worker failed is left out of the
+    result (the caller parses it itself), so a broken pool costs time, never inputs."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    results: dict[int, tuple[pl.DataFrame, list[tuple]]] = {}
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [(id(chunk), pool.submit(_parse_chunk, chunk)) for chunk in chunks]
+            for key, future in futures:
+                try:
+                    results[key] = future.result()
+                except Exception:  # noqa: BLE001 - a dead worker, an unpicklable result: parse it here
+                    continue
+    except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): parse here
+        pass
+    return results
+
+
+def _parse_chunk(items: list[InputFile]) -> tuple[pl.DataFrame, list[tuple]]:
+    """Worker side: the chunk's events in order and each input's resulting table fields."""
+    events = concat_events([parse_input(item) for item in items])
+    return events, [(i.status, i.reason, i.format, i.ranks, i.lines, i.unparsed_lines) for i in items]
 
 
 def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
@@ -123,6 +256,12 @@ def _parse_batch(batch: list, parse, year_hint: int) -> pl.DataFrame:
     try:
         return parse(batch, year_hint)
     except Exception as exc:  # noqa: BLE001 - a parser bug fails the batch's files, never the job
+        by_item: dict[int, list] = {}
+        for piece in batch:
+            by_item.setdefault(id(piece.item), []).append(piece)
+        if len(by_item) > 1:
+            # One hostile line must not cost the other files of its batch: retry them one by one.
+            return concat_events([_parse_batch(pieces, parse, year_hint) for pieces in by_item.values()])
         for piece in batch:
             piece.item.skip(f"could not parse: {type(exc).__name__}: {exc}"[:500], status="error")
         return empty_events()

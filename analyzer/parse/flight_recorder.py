@@ -81,17 +81,19 @@ class FlightRecorderError(ValueError):
     """The input is not a Flight Recorder dump this parser can read."""
 
 
-def parse_flight_recorder(item: InputFile) -> tuple[pl.DataFrame, dict]:
+def parse_flight_recorder(item: InputFile, doc: object | None = None) -> tuple[pl.DataFrame, dict]:
     """Events and a summary (`version`, `rank`, `entries`, `pgs`, `status`, `reason`) of one dump.
 
+    `doc` is the dump already decoded by the caller (the pickle dispatcher unpickles once to tell
+    a memory snapshot from a dump); without it the file is read and decoded here.
     Never raises for bad content: an unreadable, refused or malformed dump returns no events
     with `status="error"` and the reason, so one bad file cannot abort the job.
     """
     rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path)
     info: dict[str, Any] = {"status": "error", "reason": "", "rank": rank, "ranks": [], "entries": 0}
     try:
-        data = item.read_all(MAX_DUMP_BYTES)
-        doc = decode_dump(data, item.format)
+        if doc is None:
+            doc = decode_dump(item.read_all(MAX_DUMP_BYTES), item.format)
     except UnsafePickleError as exc:
         info["reason"] = f"unsafe pickle, not loaded: {exc}"
         return empty_events(), info
@@ -164,7 +166,7 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
         raise FlightRecorderError(f"not a Flight Recorder dump: top level is {type(doc).__name__}")
     if not isinstance(entries, list):
         raise FlightRecorderError("not a Flight Recorder dump: 'entries' is not a list")
-    entries = [e for e in entries if isinstance(e, Mapping)]
+    entries = [e for e in entries if type(e) is dict or isinstance(e, Mapping)]  # the ABC check only for odd types
     total_entries = len(entries)
     entries = _recent_per_pg(entries)
     members = _pg_members(pg_config)
@@ -198,12 +200,19 @@ ENTRIES_KEPT_PER_PG = 64
 def _recent_per_pg(entries: list[Mapping]) -> list[Mapping]:
     if len(entries) <= ENTRIES_KEPT_PER_PG:
         return entries
+    # 2.x pickles hold `process_group` as a (name, desc) tuple: read it inline, the helper only for
+    # the other layouts. This runs over every entry of every dump (16k ranks x 2k entries).
+    groups = [e.get("process_group") for e in entries]
+    pgs = [g[0] if type(g) is tuple and g and type(g[0]) is str else _pg_of(e) for g, e in zip(groups, entries)]
+    if len(set(pgs)) == 1:
+        return entries[-ENTRIES_KEPT_PER_PG:]
     seen: dict[str | None, int] = {}
     keep = [False] * len(entries)
     for index in range(len(entries) - 1, -1, -1):
-        pg = _pg_of(entries[index])
-        if seen.get(pg, 0) < ENTRIES_KEPT_PER_PG:
-            seen[pg] = seen.get(pg, 0) + 1
+        pg = pgs[index]
+        count = seen.get(pg, 0)
+        if count < ENTRIES_KEPT_PER_PG:
+            seen[pg] = count + 1
             keep[index] = True
     return [entry for entry, kept in zip(entries, keep) if kept]
 

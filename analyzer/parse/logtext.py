@@ -65,11 +65,12 @@ LINE_KINDS: tuple[LineKind, ...] = (
     LineKind("nccl.warn", "warning", r"^", "nccl_warn", ("NCCL WARN", " WARN ")),
     LineKind("nccl.error_chain", "info", r"^[\w/.\-]+\.(?:cc|h|c|cpp):\d+ -> \d+", "nccl", (" -> ",)),
     LineKind("nccl.version", "info", r"^NCCL version \S+", "nccl", ("NCCL version",)),
+    LineKind("nccl.topology", "info", r"nRanks \d+ nNodes \d+ localRanks \d+", "nccl", ("nNodes",)),
     LineKind("nccl.comm_init", "info", r"comm 0x[0-9a-fA-F]+ rank \d+ nr?anks \d+ cudaDev \d+.*Init (?:START|COMPLETE)", "nccl", ("Init START", "Init COMPLETE")),
     LineKind("nccl.comm_teardown", "info", r"- (?:Abort|Destroy) (?:START|COMPLETE)", "nccl", ("Abort START", "Abort COMPLETE", "Destroy COMPLETE", "Destroy START")),
     LineKind("nccl.env", "info", r" set by environment to ", "nccl", (" set by environment to ",)),
     LineKind("nccl.transport", "info", r" via (?:P2P|SHM|NET|COLLNET|direct shared memory)", "nccl", (" via ",)),
-    LineKind("nccl.net", "info", r"NET/Plugin|Plugin Path|P2P plugin|Using network|NET/IB|NET/Socket|Bootstrap ?: ?(?:Using|no socket)|No usable listening interface", "nccl", ("NET/", "Plugin", "Using network", "Bootstrap", "No usable listening interface")),
+    LineKind("nccl.net", "info", r"NET/Plugin|Plugin Path|P2P plugin|Using network|NET/IB|NET/Socket|Bootstrap ?: ?(?:Using|no socket)|No usable listening interface|NET : Using interface", "nccl", ("NET/", "Plugin", "Using network", "Bootstrap", "No usable listening interface", "NET : Using interface")),
     LineKind("nccl.conn_closed", "warning", r"Connection closed by", "nccl", ("Connection closed by",)),
     LineKind("nccl.cuda_driver", "info", r"^cudaDriverVersion \d+", "nccl", ("cudaDriverVersion",)),
     LineKind("nccl.version", "info", r"^NCCL version \S+\+cuda", None, ("NCCL version",)),
@@ -104,6 +105,16 @@ LINE_KINDS: tuple[LineKind, ...] = (
     LineKind("slurm.task_exit", "error", r"^srun: error: \S+: tasks? [\d,\-]+: ", None, ("srun: error:",)),
     LineKind("slurm.cancelled", "error", r"slurmstepd: error: \*\*\* (?:STEP|JOB) ", None, ("slurmstepd: error:",)),
     LineKind("gpu.process", "info", r"(?:^|\|)\s*\d+\s+N/A\s+N/A\s+\d+\s+(?:C|G|C\+G)\s+.*\d+MiB\s*\|?\s*$", None, ("MiB",)),
+    # GPU, driver and framework inventory (nvidia-smi tables and -q, device properties, version prints)
+    LineKind(
+        "system.inventory", "info",
+        r"^\|\s*\d+\s+\S.*?\s{2,}(?:On|Off)\s+\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:|\|\s*\d+MiB\s*/\s*\d+MiB\s*\|"
+        r"|^GPU \d+: .+\(UUID: GPU-|^\s*Product Name\s*:|Driver Version\s*:|_CudaDeviceProperties\(|CUDA device \('"
+        r"|(?i:pytorch|torch)(?: version|\.__version__)\s*[:=]?\s*v?\d+\.\d+|\btorch==\d",
+        None,
+        ("MiB", "UUID: GPU-", "Product Name", "Driver Version", "_CudaDeviceProperties", "CUDA device ('",
+         "PyTorch version", "torch version", "Torch version", "torch.__version__", "torch=="),
+    ),
     LineKind("cuda.error", "error", r"CUDA error: |CUDA out of memory|uncorrectable ECC error|CUBLAS_STATUS_|cudaErrorLaunchFailure|an illegal memory access", None, ("CUDA error: ", "CUDA out of memory", "ECC error", "CUBLAS_STATUS_", "cudaErrorLaunchFailure", "illegal memory access")),
     LineKind("system.io_error", "error", r"No space left on device|Disk quota exceeded|Input/output error|Read-only file system|file write failed|Errno 28|Errno 5\]", None, ("No space left on device", "Disk quota exceeded", "Input/output error", "Read-only file system", "file write failed", "Errno 28", "Errno 5]")),
     LineKind("checkpoint.error", "error", r"PytorchStreamReader failed|failed finding central directory|checkpoints? paths are missing|Error\(s\) in loading state_dict|unexpected EOF|invalid load key", None, ("PytorchStreamReader failed", "central directory", "paths are missing", "in loading state_dict", "unexpected EOF", "invalid load key")),

@@ -15,20 +15,34 @@ from analyzer.discover import InputFile
 from analyzer.events import events_from_records
 
 MAX_ERROR_JSON_BYTES = 16 << 20
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class ErrorJsonError(ValueError):
+    """The input is not a torchelastic error record this parser can read."""
 
 
 def parse_error_json(item: InputFile) -> pl.DataFrame:
-    """`{"message": {"message": "...", "extraInfo": {"py_callstack": ..., "timestamp": "..."}, "errorCode": N}}`."""
-    doc = json.loads(item.read_all(MAX_ERROR_JSON_BYTES))
+    """`{"message": {"message": "...", "extraInfo": {"py_callstack": ..., "timestamp": "..."}, "errorCode": N}}`.
+
+    Any JSON shape is tolerated field by field (a file written by a dying process can hold anything);
+    only a file that is not a JSON object raises, and then ErrorJsonError.
+    """
+    try:
+        doc = json.loads(item.read_all(MAX_ERROR_JSON_BYTES))
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+        raise ErrorJsonError(f"not a readable error.json: {type(exc).__name__}: {exc}"[:300]) from exc
+    if not isinstance(doc, dict):
+        raise ErrorJsonError(f"not a torchelastic error record: the top level is a JSON {type(doc).__name__}")
     message = doc.get("message")
     timestamp = doc.get("timestamp")
     callstack = None
     exitcode = None
     if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
+        extra = message.get("extraInfo") if isinstance(message.get("extraInfo"), dict) else {}
         callstack = extra.get("py_callstack")
         timestamp = extra.get("timestamp", timestamp)
-        exitcode = message.get("errorCode")
+        exitcode = _int64(message.get("errorCode"))
         text = str(message.get("message", ""))
     else:
         text = str(message)
@@ -51,10 +65,16 @@ def parse_error_json(item: InputFile) -> pl.DataFrame:
                 "text": text[:2000],
                 "code": exc_type.strip() or None if exc_msg else None,
                 "exitcode": exitcode,
-                "detail": " | ".join(line.strip() for line in (callstack or "").splitlines()[-40:] if line.strip()) or None,
+                "detail": " | ".join(line.strip() for line in str(callstack or "").splitlines()[-40:] if line.strip()) or None,
             }
         ]
     )
+
+
+def _int64(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if _INT64[0] <= value <= _INT64[1] else None
 
 
 def _epoch_seconds(value: object) -> datetime | None:

@@ -1,0 +1,192 @@
+"""Stage 4, detect (cross-rank analysis "degraded_transport"): NCCL chose a slower path than the
+hardware offers.
+
+Reads NCCL's INIT/NET lines (`nccl.transport` "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM",
+`nccl.net` "NET/IB : No device found.", "Using network Socket", "GPU Direct RDMA Disabled for
+HCA ...", `nccl.env` "NCCL_P2P_DISABLE set by environment to 1.") and names four degradations:
+
+* `transport-intra-node-network`: ranks of one machine connected through NET (sockets or the
+  NIC) because the environment took P2P and SHM away or split the machine (NCCL_HOSTID). Without
+  such a setting, NET between ranks of "one" host means two machines share a host name, which
+  the environment analyses report (drift-identical-hostnames).
+* `transport-intra-node-shm`: ranks of one machine connected through SHM (staged through host
+  memory) because NCCL_P2P_DISABLE / NCCL_P2P_LEVEL took NVLink/PCIe peer access away.
+* `transport-multinode-socket`: a job over several hosts whose inter-node traffic goes over TCP
+  sockets: no InfiniBand/RoCE device found, IB disabled, or the net plugin missing.
+* `transport-gdr-disabled`: inter-node traffic over InfiniBand without GPUDirect RDMA (every
+  transfer bounces through host memory).
+
+Transport lines number ranks inside their communicator; a pair is known to be intra- or
+inter-node only when those numbers are global ranks (every communicator numbers ranks as the
+world does) with known hosts, or when the whole job ran on one host.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analyzer.analyses import JobContext, register
+from analyzer.findings import finding, findings_frame
+
+MAX_EVIDENCE = 12
+_PAIR = r"(?:^|:\s)(\d+)(?:\[[0-9a-fA-F]+\])?\s*->\s*(\d+)(?:\[[0-9a-fA-F]+\])?"
+_FAMILY = r"via ((?:P2P|NET|COLLNET)/[A-Za-z]\w*|SHM|direct shared memory)"
+_ENV_VALUE = r"set by environment to (.+?)\.?\s*$"
+_P2P_OFF = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")
+_NET_FORCING = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_HOSTID", "NCCL_P2P_LEVEL")
+_IB_MISSING = r"NET/IB ?: ?No device found|Using network Socket|NET/Plugin ?: ?(?:Could not find|No plugin found)|Failed to open libibverbs"
+_GDR_OFF = r"GPU Direct RDMA Disabled|GDR(?:DMA)? (?:is )?disabled"
+
+
+def _pairs(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
+    """Distinct (src, dst, family) links with whether both ends are on one host (null: unknown)."""
+    msg = pl.col("message")
+    pairs = events.filter(pl.col("kind") == "nccl.transport").select(
+        "event_id", "host", "rank",
+        msg.str.extract(_PAIR, 1).cast(pl.Int64, strict=False).alias("src"),
+        msg.str.extract(_PAIR, 2).cast(pl.Int64, strict=False).alias("dst"),
+        msg.str.extract(_FAMILY, 1).alias("family"),
+        msg.str.contains("GDRDMA").alias("gdr"),
+    ).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null() & pl.col("family").is_not_null())
+    nccl_hosts = events.filter(pl.col("source") == "nccl").get_column("host").drop_nulls().unique()
+    single_host = nccl_hosts.len() == 1 and len(job.hosts) <= 1
+    comms = events.filter(pl.col("kind") == "nccl.comm_init")
+    world_numbering = comms.height > 0 and comms.filter(pl.col("pg_rank") != pl.col("rank")).height == 0
+    if single_host:
+        return pairs.with_columns(pl.lit(True).alias("same_host"))
+    if not world_numbering or not job.rank_hosts:
+        return pairs.with_columns(pl.lit(None, dtype=pl.Boolean).alias("same_host"))
+    hosts = pl.DataFrame(
+        {"r": list(job.rank_hosts), "h": list(job.rank_hosts.values())}, schema={"r": pl.Int64, "h": pl.String}
+    )
+    return (
+        pairs.join(hosts.rename({"r": "src", "h": "src_host"}), on="src", how="left")
+        .join(hosts.rename({"r": "dst", "h": "dst_host"}), on="dst", how="left")
+        .with_columns((pl.col("src_host") == pl.col("dst_host")).alias("same_host"))
+        .drop("src_host", "dst_host")
+    )
+
+
+def _env(events: pl.DataFrame) -> pl.DataFrame:
+    return events.filter(pl.col("kind") == "nccl.env").select(
+        "event_id", "host", "rank", pl.col("code").alias("var"), pl.col("message").str.extract(_ENV_VALUE, 1).alias("value")
+    )
+
+
+def _links_text(pairs: pl.DataFrame) -> str:
+    links = pairs.select("src", "dst", "family").unique().sort("src", "dst").head(4)
+    more = pairs.select("src", "dst").unique().height - links.height
+    text = ", ".join(f"{s} -> {d} via {f}" for s, d, f in links.iter_rows())
+    return text + (f" and {more} more" if more > 0 else "")
+
+
+def _ranks_of(pairs: pl.DataFrame) -> list[int]:
+    return sorted(set(pairs.get_column("src").to_list()) | set(pairs.get_column("dst").to_list()))
+
+
+def _settings(env: pl.DataFrame) -> str:
+    """`NCCL_P2P_DISABLE=1 is set` / `NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1 are set`."""
+    pairs = sorted({f"{v}={val}" for v, val in env.select("var", "value").iter_rows()})
+    return ", ".join(pairs) + (" are set" if len(pairs) > 1 else " is set")
+
+
+@register("degraded_transport")
+def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
+    if events.height == 0:
+        return findings_frame([])
+    pairs = _pairs(events, job)
+    env = _env(events)
+    rows = []
+    intra = pairs.filter(pl.col("same_host").fill_null(False))
+    inter = pairs.filter(~pl.col("same_host").fill_null(True))
+
+    over_net = intra.filter(pl.col("family").str.starts_with("NET/") | pl.col("family").str.starts_with("COLLNET/"))
+    forcing = env.filter(pl.col("var").is_in(_NET_FORCING) & (pl.col("value") != "0"))
+    if over_net.height and forcing.height:
+        rows.append(
+            finding(
+                "transport-intra-node-network",
+                ranks=_ranks_of(over_net),
+                hosts=over_net.get_column("host").drop_nulls().unique().to_list(),
+                confidence=0.8,
+                summary=(
+                    f"ranks on the same machine exchange data through the network stack ({_links_text(over_net)}) instead of "
+                    f"NVLink/PCIe peer access or shared memory, because {_settings(forcing)}"
+                ),
+                evidence=(forcing.get_column("event_id").head(4).to_list() + over_net.get_column("event_id").head(8).to_list()),
+            )
+        )
+
+    over_shm = intra.filter(pl.col("family").is_in(["SHM", "direct shared memory"]))
+    p2p_off = env.filter(
+        (pl.col("var") == "NCCL_P2P_DISABLE") & (pl.col("value") != "0")
+        | (pl.col("var") == "NCCL_P2P_LEVEL") & pl.col("value").str.to_uppercase().is_in(["LOC", "0"])
+    )
+    if over_shm.height and p2p_off.height:
+        rows.append(
+            finding(
+                "transport-intra-node-shm",
+                ranks=_ranks_of(over_shm),
+                hosts=over_shm.get_column("host").drop_nulls().unique().to_list(),
+                confidence=0.75,
+                summary=(
+                    f"ranks on the same machine exchange data through host shared memory ({_links_text(over_shm)}) "
+                    f"instead of GPU peer-to-peer (NVLink/PCIe), because {_settings(p2p_off)}"
+                ),
+                evidence=p2p_off.get_column("event_id").head(4).to_list() + over_shm.get_column("event_id").head(8).to_list(),
+            )
+        )
+
+    nccl = events.filter(pl.col("source") == "nccl")
+    hosts = sorted(set(nccl.get_column("host").drop_nulls().unique().to_list()) | set(job.hosts))
+    socket = inter.filter(pl.col("family") == "NET/Socket")
+    multi_node = len(hosts) > 1 or inter.height > 0
+    net_lines = events.filter(pl.col("kind") == "nccl.net")
+    ib_missing = net_lines.filter(pl.col("message").str.contains(_IB_MISSING))
+    ib_disabled = env.filter(pl.col("var").is_in(["NCCL_IB_DISABLE", "NCCL_NET"]) & (pl.col("value").str.to_uppercase() != "0") & (pl.col("value").str.to_uppercase() != "IB"))
+    uses_ib = pairs.filter(pl.col("family").str.starts_with("NET/IB")).height > 0
+    if multi_node and not uses_ib and (socket.height or ib_missing.filter(pl.col("message").str.contains("Using network Socket")).height):
+        why = []
+        if ib_disabled.height:
+            why.append(_settings(ib_disabled))
+        if ib_missing.filter(pl.col("message").str.contains("No device found")).height:
+            why.append("NCCL found no InfiniBand/RoCE device (NET/IB : No device found)")
+        if ib_missing.filter(pl.col("message").str.contains("Plugin|libibverbs")).height:
+            why.append("no network plugin or libibverbs was loaded")
+        summary = (
+            f"the job spans {len(hosts)} hosts and its inter-node traffic goes over TCP sockets (NET/Socket)"
+            + (f": {_links_text(socket)}" if socket.height else "")
+            + (f"; {'; '.join(why)}" if why else "")
+        )
+        evidence = ib_disabled.get_column("event_id").head(2).to_list() + ib_missing.get_column("event_id").head(4).to_list()
+        evidence += socket.get_column("event_id").head(6).to_list()
+        rows.append(
+            finding(
+                "transport-multinode-socket",
+                hosts=hosts,
+                confidence=0.6 if why else 0.5,
+                summary=summary,
+                evidence=evidence,
+            )
+        )
+
+    ib_pairs = inter.filter(pl.col("family").str.starts_with("NET/IB"))
+    gdr_off = net_lines.filter(pl.col("message").str.contains(_GDR_OFF))
+    gdr_env = env.filter(pl.col("var").is_in(["NCCL_NET_GDR_LEVEL", "NCCL_GDR_LEVEL"]) & pl.col("value").str.to_uppercase().is_in(["0", "LOC"]))
+    if ib_pairs.height and not ib_pairs.get_column("gdr").any() and (gdr_off.height or gdr_env.height):
+        rows.append(
+            finding(
+                "transport-gdr-disabled",
+                ranks=_ranks_of(ib_pairs),
+                hosts=ib_pairs.get_column("host").drop_nulls().unique().to_list(),
+                confidence=0.65,
+                summary=(
+                    f"inter-node traffic uses InfiniBand without GPUDirect RDMA ({_links_text(ib_pairs)}; no GDRDMA link), so every "
+                    "transfer is staged through host memory"
+                    + (f"; {_settings(gdr_env)}" if gdr_env.height else "")
+                ),
+                evidence=gdr_env.get_column("event_id").head(2).to_list() + gdr_off.get_column("event_id").head(4).to_list()
+                + ib_pairs.get_column("event_id").head(6).to_list(),
+            )
+        )
+    return findings_frame(rows)

@@ -1,0 +1,193 @@
+"""Fleet view: what a scan table (one row per job, see `analyzer.scan`) says across jobs.
+
+The frames here are the input of the fleet renderers (the terminal summary below and
+`analyzer.render.fleet_html`); nothing here reads logs.
+
+- **Repeat-offender hosts**: every host a failed job's verdict implicates (its culprit hosts, and
+  the hosts of its culprit ranks), ranked by how many distinct failed jobs name it, then by the sum
+  of those verdicts' confidences (a host named by three 0.9 verdicts outranks one named by three
+  0.3 verdicts), then by name. `jobs_seen` counts every scanned job the host appears in, so a host
+  that is named in 5 of its 5 jobs reads differently from one named in 5 of 500. These are the
+  cordon candidates.
+- **GPUs** the same way, where the logs printed the culprit's device (`host/gpuN`).
+- **Recurring signatures**: verdict rules by the number of failed jobs they decided, with the
+  hosts they implicated, and how many jobs the rule fired in at all (as verdict or as a symptom).
+- Counts by category and the jobs that could not be analysed or crashed the analyzer.
+
+A failed job is an analysed job whose verdict category is not `none`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from analyzer.scan import STATUS_ANALYSED, STATUS_CANNOT_ANALYSE, STATUS_CRASHED
+
+FAILED = (pl.col("status") == STATUS_ANALYSED) & (pl.col("category") != "none")
+EXAMPLE_JOBS = 5
+
+
+@dataclass
+class FleetView:
+    totals: dict[str, int]
+    hosts: pl.DataFrame
+    gpus: pl.DataFrame
+    signatures: pl.DataFrame
+    categories: pl.DataFrame
+    failed: pl.DataFrame  # the failed jobs, most confident first
+    problems: pl.DataFrame  # jobs that could not be analysed or crashed the analyzer
+
+
+def fleet_view(scan: pl.DataFrame) -> FleetView:
+    return FleetView(
+        totals=totals(scan),
+        hosts=host_offenders(scan),
+        gpus=gpu_offenders(scan),
+        signatures=recurring_signatures(scan),
+        categories=category_counts(scan),
+        failed=scan.filter(FAILED)
+        .select("job", "category", "rule_id", "culprit_ranks", "culprit_hosts", "culprit_gpus", "confidence", "summary", "job_end")
+        .sort(["confidence", "job"], descending=[True, False]),
+        problems=scan.filter(pl.col("status") != STATUS_ANALYSED).select("job", "status", "error").sort("job"),
+    )
+
+
+def totals(scan: pl.DataFrame) -> dict[str, int]:
+    counts = scan.select(
+        pl.len().alias("jobs"),
+        (pl.col("status") == STATUS_ANALYSED).sum().alias("analysed"),
+        FAILED.sum().alias("failed"),
+        ((pl.col("status") == STATUS_ANALYSED) & (pl.col("category") == "none")).sum().alias("no_failure"),
+        (pl.col("status") == STATUS_CANNOT_ANALYSE).sum().alias("cannot_analyse"),
+        (pl.col("status") == STATUS_CRASHED).sum().alias("crashed"),
+    )
+    return {name: int(value or 0) for name, value in counts.row(0, named=True).items()}
+
+
+def _seen(scan: pl.DataFrame, column: str, key: str) -> pl.DataFrame:
+    """How many scanned jobs mention each host (in the job's hosts or its verdict)."""
+    return (
+        scan.select("job", pl.concat_list(pl.col("hosts").fill_null([]), pl.col(column).fill_null([])).list.unique().alias(key))
+        .explode(key)
+        .drop_nulls(key)
+        .group_by(key)
+        .agg(pl.col("job").n_unique().alias("jobs_seen"))
+    )
+
+
+def _rank_named(scan: pl.DataFrame, column: str, key: str) -> pl.DataFrame:
+    """One row per value of the list `column` over failed jobs, ranked as the module docstring says."""
+    return (
+        scan.filter(FAILED)
+        .select("job", "confidence", "category", "job_end", pl.col(column).alias(key))
+        .explode(key)
+        .drop_nulls(key)
+        .unique(["job", key])
+        .group_by(key)
+        .agg(
+            pl.col("job").n_unique().alias("failed_jobs"),
+            pl.col("confidence").sum().round(3).alias("confidence_sum"),
+            pl.col("confidence").mean().round(3).alias("mean_confidence"),
+            pl.col("confidence").max().alias("max_confidence"),
+            pl.col("category").unique().sort().alias("categories"),
+            pl.col("job_end").min().alias("first_seen"),
+            pl.col("job_end").max().alias("last_seen"),
+            pl.col("job").sort().head(EXAMPLE_JOBS).alias("example_jobs"),
+        )
+        .sort(["failed_jobs", "confidence_sum", key], descending=[True, True, False])
+    )
+
+
+def host_offenders(scan: pl.DataFrame) -> pl.DataFrame:
+    named = _rank_named(scan, "implicated_hosts", "host")
+    gpus = (
+        scan.filter(FAILED)
+        .select(pl.col("culprit_gpus").alias("gpu"))
+        .explode("gpu")
+        .drop_nulls("gpu")
+        .unique()
+        .with_columns(pl.col("gpu").str.replace(r"/gpu\d+$", "").alias("host"))
+        .group_by("host")
+        .agg(pl.col("gpu").sort().alias("gpus"))
+    )
+    return (
+        named.join(_seen(scan, "implicated_hosts", "host"), on="host", how="left", maintain_order="left")
+        .join(gpus, on="host", how="left", maintain_order="left")
+        .with_columns(pl.col("gpus").fill_null([]))
+    )
+
+
+def gpu_offenders(scan: pl.DataFrame) -> pl.DataFrame:
+    return _rank_named(scan, "culprit_gpus", "gpu").with_columns(pl.col("gpu").str.replace(r"/gpu\d+$", "").alias("host"))
+
+
+def recurring_signatures(scan: pl.DataFrame) -> pl.DataFrame:
+    decided = (
+        scan.filter(FAILED)
+        .group_by("rule_id")
+        .agg(
+            pl.col("category").first(),  # a rule has one category in the catalogue
+            pl.col("job").n_unique().alias("failed_jobs"),
+            pl.col("confidence").mean().round(3).alias("mean_confidence"),
+            pl.col("implicated_hosts").list.explode(keep_nulls=False, empty_as_null=False).unique().sort().alias("hosts"),
+            pl.col("job").sort().head(EXAMPLE_JOBS).alias("example_jobs"),
+        )
+    )
+    fired = (
+        scan.filter(pl.col("status") == STATUS_ANALYSED)
+        .select("job", pl.col("signatures").alias("rule_id"))
+        .explode("rule_id")
+        .drop_nulls("rule_id")
+        .group_by("rule_id")
+        .agg(pl.col("job").n_unique().alias("jobs_fired"))
+    )
+    return decided.join(fired, on="rule_id", how="left").sort(["failed_jobs", "rule_id"], descending=[True, False])
+
+
+def category_counts(scan: pl.DataFrame) -> pl.DataFrame:
+    return (
+        scan.with_columns(pl.coalesce("category", "status").alias("category"))
+        .group_by("category")
+        .agg(pl.len().alias("jobs"))
+        .sort(["jobs", "category"], descending=[True, False])
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal summary (render).
+# ---------------------------------------------------------------------------------------------
+
+
+def print_fleet_summary(view: FleetView, console: Console, top: int = 10) -> None:
+    t = view.totals
+    console.print(
+        f"[bold]{t['jobs']} jobs[/bold]: {t['failed']} failed, {t['no_failure']} no failure found, "
+        f"{t['cannot_analyse']} could not be analysed, {t['crashed']} crashed the analyzer"
+    )
+    hosts = Table(title="Repeat-offender hosts (cordon candidates)")
+    hosts.add_column("host", no_wrap=True)
+    for column in ("failed jobs", "seen in", "conf. sum", "mean conf.", "categories", "GPUs"):
+        hosts.add_column(column, overflow="fold")
+    for row in view.hosts.head(top).iter_rows(named=True):
+        hosts.add_row(escape(row["host"]), str(row["failed_jobs"]), str(row["jobs_seen"]), f"{row['confidence_sum']:.2f}",
+                      f"{row['mean_confidence']:.2f}", escape(", ".join(row["categories"])), escape(", ".join(row["gpus"][:4])))
+    console.print(hosts if view.hosts.height else "No failed job named a host.")
+    signatures = Table(title="Recurring signatures")
+    signatures.add_column("rule", no_wrap=True)
+    for column in ("category", "failed jobs", "fired in", "mean conf.", "hosts"):
+        signatures.add_column(column, overflow="fold")
+    for row in view.signatures.head(top).iter_rows(named=True):
+        shown = ", ".join(row["hosts"][:4]) + (" ..." if len(row["hosts"]) > 4 else "")
+        signatures.add_row(escape(row["rule_id"]), row["category"], str(row["failed_jobs"]), str(row["jobs_fired"]),
+                           f"{row['mean_confidence']:.2f}", escape(shown))
+    if view.signatures.height:
+        console.print(signatures)
+    for row in view.problems.head(top).iter_rows(named=True):
+        console.print(f"[yellow]{row['status']}[/yellow] {escape(row['job'])}: {escape((row['error'] or '')[:300])}")
+    if view.problems.height > top:
+        console.print(f"... and {view.problems.height - top} more jobs not analysed (see the error column)")

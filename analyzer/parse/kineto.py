@@ -1,0 +1,756 @@
+"""Stage 2, parse (Kineto): PyTorch profiler Chrome traces -> compact per-rank timeline events.
+
+A Kineto trace (`torch.profiler` `export_chrome_trace`, one file per rank, often `.json.gz`) is one
+JSON document whose `traceEvents` array holds every CPU op, kernel, memcpy and annotation of the
+profiled steps: millions of entries, gigabytes. It is streamed, never loaded whole: the array is
+cut into blocks at event boundaries, one event per line; only the lines of the categories the
+timeline needs (kernels, copies, annotations, allocator calls) go through polars' JSON decoder,
+with only the fields needed here, so memory holds one block plus the kept GPU-activity columns.
+
+Nothing per kernel reaches the event table. This module also holds `summarize_timeline`, the
+reduction shared with the Nsight Systems parser: per rank, the GPU timeline (NCCL kernels vs
+compute kernels vs copies) is swept once and becomes one `trace.rank` summary, one
+`trace.collective` per NCCL operation, one `trace.step` per profiled step, the few largest idle
+gaps (`trace.gap`) and the allocator calls (counted in `trace.rank`). With three or more steps the
+first is left out (steady state). Figures travel in `detail` as a JSON object (microseconds) that
+the trace analyses decode with polars.
+
+Known limit: the members after the array (`traceName`, `baseTimeNanoseconds`) are read from the
+tail; a writer that put large nested members after `traceEvents` would read as truncated.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, BinaryIO
+
+import polars as pl
+
+from analyzer.discover import InputFile
+from analyzer.events import EVENT_SCHEMA, UTC_TS, concat_events, conform, empty_events
+
+BLOCK_BYTES = 16 << 20  # one read; a block of events is split and screened at a time
+HEADER_LIMIT = 64 << 20  # top-level keys before `traceEvents` (deviceProperties, distributedInfo)
+TRAILER_LIMIT = 64 << 20
+
+# `"traceEvents": [` opens the array; `}` `,` `{` between two events. JSON strings cannot hold a raw
+# newline, so newlines are whitespace and may be dropped; a separator that is really inside a
+# string or a nested value leaves unbalanced lines, which the JSON decoder rejects: that block is
+# then decoded event by event (exact, slower), so a wrong cut can never produce wrong data. (A cut
+# inside an event of a dropped category only loses events that were to be dropped anyway.)
+_ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
+_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
+_SEPARATOR_TEXT = re.compile(r"\}\s*,\s*\{")
+
+# Only these categories matter to the timeline; everything else (cpu_op, python_function, flows) is
+# dropped inside the block reader.
+GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "Kernel": "kernel", "Memcpy": "memcpy", "Memset": "memset"}
+MARK_CATEGORIES = ("user_annotation",)
+API_CATEGORIES = ("cuda_runtime", "cuda_driver")
+# A kept event names one of these categories (allocator calls only among the API calls); every
+# other event is dropped before JSON decoding.
+_CATEGORY_LITERALS = [f'"{c}"' for c in (*GPU_CATEGORIES, *MARK_CATEGORIES, *API_CATEGORIES)]
+_GPU_OR_MARK = r'"cat"\s*:\s*"(?:' + "|".join([*GPU_CATEGORIES, *MARK_CATEGORIES]) + ')"'
+_API_CATEGORY = r'"cat"\s*:\s*"(?:' + "|".join(API_CATEGORIES) + ')"'
+_RAW_SCHEMA = pl.Schema(
+    {
+        "ph": pl.String,
+        "cat": pl.String,
+        "name": pl.String,
+        "ts": pl.Float64,
+        "dur": pl.Float64,
+        "args": pl.Struct({"device": pl.Float64, "stream": pl.Float64}),
+    }
+)
+
+_RAW_DTYPE = pl.Struct(_RAW_SCHEMA)
+
+# Allocator traffic: a caching allocator in steady state calls neither; a churning one calls both
+# every step.
+MALLOC_CALLS = r"^(?:cudaMalloc(?:Async|Managed)?|cuMemAlloc\w*|cuMemCreate|cudaMallocFromPoolAsync)(?:_v\d+)?$"
+FREE_CALLS = r"^(?:cudaFree(?:Async)?|cuMemFree\w*|cuMemRelease)(?:_v\d+)?$"
+_ALLOC_CALLS = f"{MALLOC_CALLS}|{FREE_CALLS}"
+_ALLOC_NAME = r'"name"\s*:\s*"(?:cudaMalloc|cudaFree|cuMemAlloc|cuMemFree|cuMemCreate|cuMemRelease)'
+
+NCCL_KERNEL = r"^(?:void )?nccl\w*Kernel"
+_NCCL_OP = r"nccl(?:Dev)?Kernel_([A-Za-z]+)"
+# Step annotations: torch.profiler's `ProfilerStep#N`, NVTX ranges such as `step12`, `iteration 12`.
+STEP_NAME = r"(?i)^:?(?:ProfilerStep#|step[ _#:]?|iteration[ _#:]?|iter[ _#:]?)(\d+)$"
+
+GAP_MIN_NS = 1_000_000  # an idle stretch shorter than 1 ms is launch latency, not a stall
+TOP_GAPS = 3
+MAX_STEP_EVENTS = 512
+
+
+class TraceFormatError(ValueError):
+    """The document is not a Chrome trace this parser can stream."""
+
+
+@dataclass
+class TraceMeta:
+    header: dict = field(default_factory=dict)
+    trailer: dict = field(default_factory=dict)
+    slow_blocks: int = 0  # blocks decoded event by event because the fast cut did not parse
+    bytes_read: int = 0
+
+    def get(self, key: str) -> Any:
+        return self.header.get(key, self.trailer.get(key))
+
+
+# --- streaming the traceEvents array ----------------------------------------------------------------
+
+
+def iter_trace_blocks(fh: BinaryIO, meta: TraceMeta, block_bytes: int = BLOCK_BYTES) -> Iterator[pl.DataFrame]:
+    """Frames of the kept events of `traceEvents`, block by block; fills `meta` header and trailer."""
+    buf = b""
+    while True:
+        match = _ARRAY_START.search(buf)
+        if match:
+            break
+        chunk = fh.read(block_bytes)
+        meta.bytes_read += len(chunk)
+        if not chunk or len(buf) > HEADER_LIMIT:
+            raise TraceFormatError("no \"traceEvents\" array near the start of the document")
+        buf += chunk
+    meta.header = _loads_members(buf[: match.start()])
+    pos = match.end()
+    while True:
+        chunk = fh.read(block_bytes)
+        meta.bytes_read += len(chunk)
+        if not chunk:
+            frame, rest = _decode_slow(buf[pos:], final=True)
+            yield frame
+            meta.trailer = _loads_members(rest[:TRAILER_LIMIT], closing=True)
+            return
+        buf = buf[pos:] + chunk
+        pos = 0
+        cut = _last_separator(buf)
+        if cut is None:
+            continue  # one event longer than a block: read on
+        yield _decode_block(buf[:cut], meta)
+        pos = cut
+
+
+def _last_separator(buf: bytes) -> int | None:
+    """Offset just after the `}` of the last event boundary in `buf`, or None."""
+    window = 1 << 20
+    start = max(0, len(buf) - window)
+    while True:
+        last = None
+        for last in _SEPARATOR.finditer(buf, start):
+            pass
+        if last is not None:
+            return last.start() + 1
+        if start == 0:
+            return None
+        start = max(0, start - window * 8)
+
+
+def _decode_block(block: bytes, meta: TraceMeta) -> pl.DataFrame:
+    """One string per event, and only those of the kept categories go through polars' JSON reader."""
+    flat = block.replace(b"\n", b"")
+    if b"\r" in flat:
+        flat = flat.replace(b"\r", b"")
+    text = flat.decode("utf-8", errors="replace")
+    start, end = 0, len(text)
+    while start < end and text[start] in " \t,":
+        start += 1
+    while end > start and text[end - 1] in " \t,":
+        end -= 1
+    inner = text[start + 1 : end - 1]  # without the first event's "{" and the last one's "}"
+    # The separator's spelling (`},  {` in Kineto's layout once newlines are gone) is split on as a
+    # literal inside polars; mixed spellings take the regex.
+    forms = {m.group(0) for m in islice(_SEPARATOR_TEXT.finditer(inner), 16)}
+    if len(forms) <= 1:
+        body = pl.Series("event", [inner], dtype=pl.String)
+        if forms:
+            body = body.str.split(forms.pop()).explode()
+    else:
+        body = pl.Series("event", _SEPARATOR_TEXT.split(inner), dtype=pl.String)
+    # Cheap literal screen first; the exact test (the value of "cat", allocator call names) on the survivors.
+    candidates = body.filter(body.str.contains_any(_CATEGORY_LITERALS))
+    exact = candidates.str.contains(_GPU_OR_MARK) | (candidates.str.contains(_API_CATEGORY) & candidates.str.contains(_ALLOC_NAME))
+    kept = candidates.filter(exact)
+    try:
+        if kept.len() == 0:
+            return _keep(pl.DataFrame(schema=_RAW_SCHEMA))
+        lines = ("{" + kept + "}").str.join("\n").item()
+        raw = pl.read_ndjson(lines.encode("utf-8"), schema=_RAW_SCHEMA)
+    except Exception:  # noqa: BLE001 - a cut inside a string or nested value, or an odd field type
+        meta.slow_blocks += 1
+        frame, _ = _decode_slow(block, final=False)
+        return frame
+    return _keep(raw)
+
+
+def _decode_slow(data: bytes, *, final: bool) -> tuple[pl.DataFrame, str]:
+    """Event-by-event decoding of `data`; with `final`, stops at the array's `]` and returns what follows."""
+    decoder = json.JSONDecoder()
+    text = data.decode("utf-8", errors="replace")
+    i, n = 0, len(text)
+    rows: list[dict] = []
+    closed = False
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n:
+            break
+        if text[i] == "]":
+            closed = True
+            i += 1
+            break
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except ValueError as exc:
+            if final:  # the tail of the file: an event cut short
+                raise TraceFormatError("truncated trace: the document ends inside an event") from exc
+            raise TraceFormatError(f"malformed trace event: {exc.msg}") from exc
+        if isinstance(obj, dict):
+            args = obj.get("args") if isinstance(obj.get("args"), dict) else {}
+            rows.append(
+                {
+                    "ph": _str(obj.get("ph")),
+                    "cat": _str(obj.get("cat")),
+                    "name": _str(obj.get("name")),
+                    "ts": _num(obj.get("ts")),
+                    "dur": _num(obj.get("dur")),
+                    "args": {"device": _num(args.get("device")), "stream": _num(args.get("stream"))},
+                }
+            )
+    if final and not closed:
+        raise TraceFormatError("truncated trace: the traceEvents array never closes")
+    raw = pl.DataFrame(rows, schema=_RAW_SCHEMA) if rows else pl.DataFrame(schema=_RAW_SCHEMA)
+    return _keep(raw), text[i:]
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _keep(raw: pl.DataFrame) -> pl.DataFrame:
+    """The events the timeline needs, as (kind, name, start_ns, end_ns, device, stream)."""
+    kind = (
+        pl.when(pl.col("cat").is_in(list(GPU_CATEGORIES)))
+        .then(pl.col("cat").replace_strict(GPU_CATEGORIES, default=None))
+        .when(pl.col("cat").is_in(MARK_CATEGORIES))
+        .then(pl.lit("mark"))
+        .when(pl.col("cat").is_in(API_CATEGORIES) & pl.col("name").str.contains(_ALLOC_CALLS))
+        .then(pl.lit("api"))
+    )
+    start = (pl.col("ts") * 1000.0).round(0).cast(pl.Int64)
+    return (
+        raw.filter(pl.col("ph") == "X")
+        .select(
+            kind.alias("kind"),
+            pl.col("name"),
+            start.alias("start"),
+            (start + (pl.col("dur").fill_null(0.0) * 1000.0).round(0).cast(pl.Int64)).alias("end"),
+            pl.col("args").struct.field("device").cast(pl.Int64).alias("device"),
+            pl.col("args").struct.field("stream").cast(pl.Int64).alias("stream"),
+        )
+        .filter(pl.col("kind").is_not_null() & pl.col("start").is_not_null())
+        .with_columns(pl.col("kind").cast(pl.Categorical), pl.col("name").cast(pl.Categorical))
+    )
+
+
+def _loads_members(data: bytes | str, closing: bool = False) -> dict:
+    """The top-level members around the array (`{"a": 1, ... ,` before it, `, "b": 2 }` after it)."""
+    text = (data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data).strip()
+    if closing:
+        text = "{" + text.lstrip(",").strip()
+    else:
+        text = text.rstrip(",").strip() + "}"
+    try:
+        doc = json.loads(text if text.startswith("{") else "{" + text)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+# --- the parser ----------------------------------------------------------------------------------------
+
+
+def read_kineto(fh: BinaryIO, block_bytes: int = BLOCK_BYTES) -> tuple[pl.DataFrame, TraceMeta]:
+    """All kept events of one trace (GPU activity, annotations, allocator calls) and its metadata."""
+    meta = TraceMeta()
+    frames = list(iter_trace_blocks(fh, meta, block_bytes))
+    frames = [f for f in frames if f.height]
+    kept = pl.concat(frames, how="vertical", rechunk=True) if frames else _keep(pl.DataFrame(schema=_RAW_SCHEMA))
+    return kept, meta
+
+
+def parse_kineto(item: InputFile) -> pl.DataFrame:
+    with item.open_bytes() as fh:
+        kept, meta = read_kineto(fh)
+    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank = _int_or_none(info.get("rank"))
+    world = _int_or_none(info.get("world_size"))
+    unit = pl.lit(0, dtype=pl.Int64).alias("unit")
+    gpu = kept.filter(pl.col("kind").is_in(["kernel", "memcpy", "memset"])).with_columns(unit)
+    device = gpu.get_column("device").drop_nulls().mode().sort().head(1).to_list() if gpu.height else []
+    units = pl.DataFrame(
+        {
+            "unit": [0],
+            "rank": [rank],
+            "device": [device[0] if device else None],
+            "nranks": [world],
+            "base_ns": [_base_ns(meta, gpu)],
+        },
+        schema={"unit": pl.Int64, "rank": pl.Int64, "device": pl.Int64, "nranks": pl.Int64, "base_ns": pl.Int64},
+    )
+    marks = kept.filter(pl.col("kind") == "mark").select(unit, "name", "start", "end")
+    api = kept.filter(pl.col("kind") == "api").select(unit, "name", "start", "end")
+    if gpu.height == 0:
+        item.reason = "profiler trace without GPU activity (CPU-only profile): no timeline to analyse"
+    if meta.slow_blocks:
+        item.reason = f"{meta.slow_blocks} block(s) decoded event by event (unusual layout)"
+    return summarize_timeline(
+        gpu.select("unit", "kind", "name", "start", "end", "device", "stream"),
+        marks,
+        api,
+        units,
+        source="kineto",
+        file=item.path,
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _base_ns(meta: TraceMeta, gpu: pl.DataFrame) -> int | None:
+    """Wall clock (ns since the epoch) of trace time 0, when the trace says."""
+    first = gpu.get_column("start").min() if gpu.height else None
+    if first is not None and first > 10**17:  # old Kineto: absolute epoch microseconds
+        return 0
+    base = meta.get("baseTimeNanoseconds")
+    return int(base) if isinstance(base, int | float) and not isinstance(base, bool) and base > 0 else None
+
+
+# --- the timeline reduction (shared with analyzer.parse.nsys) ------------------------------------------
+
+_US = 1000.0
+
+
+def summarize_timeline(
+    gpu: pl.DataFrame,
+    marks: pl.DataFrame,
+    api: pl.DataFrame,
+    units: pl.DataFrame,
+    *,
+    source: str,
+    file: str,
+) -> pl.DataFrame:
+    """Reduce per-unit GPU activity to compact canonical events.
+
+    gpu: unit, kind (kernel|memcpy|memset), name, start, end (ns), device, stream.
+    marks: unit, name, start, end: CPU-side ranges (step annotations and labels such as data_loader).
+    api: unit, name, start, end: allocator API calls (cudaMalloc, cudaFree, cuMemCreate, ...).
+    units: unit, rank, device, nranks, base_ns and optionally pid, host, local_rank.
+    A unit is one process's view of its GPU: a rank.
+    """
+    if gpu.height == 0:
+        return empty_events()
+    units = units.with_columns(
+        [pl.lit(None, dtype=EVENT_SCHEMA[c]).alias(c) for c in _IDENTITY if c not in units.columns]
+    ).select("unit", "base_ns", *_IDENTITY)
+    gpu = gpu.with_columns(
+        pl.col("name").cast(pl.String),
+        pl.col("kind").cast(pl.String),
+    ).with_columns(
+        ((pl.col("kind") == "kernel") & pl.col("name").str.contains(NCCL_KERNEL)).alias("nccl"),
+    ).with_columns(
+        (pl.col("kind") == "kernel").and_(~pl.col("nccl")).alias("compute"),
+        pl.col("kind").is_in(["memcpy", "memset"]).alias("copy"),
+        pl.col("end").clip(lower_bound=pl.col("start")).alias("end"),
+    )
+    marks = marks.with_columns(pl.col("name").cast(pl.String))
+    steps = (
+        marks.with_columns(pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64).alias("step"))
+        .filter(pl.col("step").is_not_null() & (pl.col("end") > pl.col("start")))
+        .sort("unit", "step", pl.col("end") - pl.col("start"), descending=[False, False, True])
+        .unique(["unit", "step"], keep="first", maintain_order=True)
+        .select("unit", "step", pl.col("start").alias("s_start"), pl.col("end").alias("s_end"))
+        .sort("unit", "s_start")
+        # Steady state: with three or more steps, the first (lazy initialisation, allocator warm-up,
+        # NCCL connection set-up) is left out.
+        .filter((pl.len().over("unit") < 3) | (pl.col("step") != pl.col("step").min().over("unit")))
+    )
+    windows = _windows(gpu, steps)
+    segments = _sweep(gpu, steps, windows)
+    rank_rows = _rank_summary(segments, windows, steps, gpu, api, marks)
+    events = [
+        _rank_events(rank_rows, units),
+        _collective_events(gpu, windows, units),
+        _step_events(segments, steps, units),
+        _gap_events(segments, marks, windows, units),
+    ]
+    frame = concat_events(
+        e.with_columns(pl.lit(source).alias("source"), pl.lit(file).alias("file")) for e in events if e.height
+    )
+    return frame
+
+
+def _windows(gpu: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The analysed stretch per unit: its profiled steps when annotated, else first to last activity.
+
+    Step ranges are CPU-side; the GPU may still be running the last step's kernels when its range
+    ends, so the window runs on to the end of the GPU work that started inside it.
+    """
+    by_steps = steps.group_by("unit").agg(
+        pl.col("s_start").min().alias("w0"), pl.col("s_end").max().alias("s1"), pl.len().alias("steps")
+    )
+    tail = (
+        gpu.join(by_steps, on="unit")
+        .filter((pl.col("start") >= pl.col("w0")) & (pl.col("start") < pl.col("s1")))
+        .group_by("unit")
+        .agg(pl.col("end").max().alias("tail"))
+    )
+    by_gpu = gpu.group_by("unit").agg(pl.col("start").min().alias("g0"), pl.col("end").max().alias("g1"))
+    return (
+        by_gpu.join(by_steps, on="unit", how="left")
+        .join(tail, on="unit", how="left")
+        .select(
+            "unit",
+            pl.coalesce("w0", "g0").alias("w0"),
+            pl.coalesce(pl.max_horizontal("s1", "tail"), "g1").alias("w1"),
+            pl.col("steps").cast(pl.Int64),
+        )
+        .sort("unit")
+    )
+
+
+def _sweep(gpu: pl.DataFrame, steps: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Elementary segments of each unit's window with how many NCCL, compute and copy ops run.
+
+    Every kernel start/end is a +1/-1 point and every step and window edge a 0 point, so each
+    segment between two consecutive points lies inside one step and has constant counts.
+    """
+    flags = [pl.col(c).cast(pl.Int32) for c in ("nccl", "compute", "copy")]
+    starts = gpu.select("unit", pl.col("start").alias("t"), *[f.alias(n) for f, n in zip(flags, ("dn", "dc", "dx"))])
+    ends = gpu.select("unit", pl.col("end").alias("t"), *[(-f).alias(n) for f, n in zip(flags, ("dn", "dc", "dx"))])
+    zero = [pl.lit(0, dtype=pl.Int32).alias(n) for n in ("dn", "dc", "dx")]
+    edges = pl.concat(
+        [
+            windows.select("unit", pl.col("w0").alias("t"), *zero),
+            windows.select("unit", pl.col("w1").alias("t"), *zero),
+            steps.select("unit", pl.col("s_start").alias("t"), *zero),
+            steps.select("unit", pl.col("s_end").alias("t"), *zero),
+        ]
+    )
+    points = pl.concat([starts, ends, edges]).sort("unit", "t")
+    segments = (
+        points.with_columns(
+            pl.col("dn").cum_sum().over("unit").alias("n_nccl"),
+            pl.col("dc").cum_sum().over("unit").alias("n_comp"),
+            pl.col("dx").cum_sum().over("unit").alias("n_copy"),
+            pl.col("t").shift(-1).over("unit").alias("t1"),
+        )
+        .filter(pl.col("t1").is_not_null() & (pl.col("t1") > pl.col("t")))
+        .join(windows.select("unit", "w0", "w1"), on="unit")
+        .filter((pl.col("t") >= pl.col("w0")) & (pl.col("t1") <= pl.col("w1")))
+        .select("unit", "t", (pl.col("t1") - pl.col("t")).alias("len"), "n_nccl", "n_comp", "n_copy")
+        .sort("unit", "t")
+    )
+    if steps.height:
+        segments = (
+            segments.join_asof(steps, left_on="t", right_on="s_start", by="unit", strategy="backward", check_sortedness=False)
+            .with_columns(pl.when(pl.col("t") < pl.col("s_end")).then(pl.col("step")).alias("step"))
+            .drop("s_start", "s_end")
+        )
+    else:
+        segments = segments.with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
+    return segments.with_columns(
+        (pl.col("n_nccl") > 0).alias("is_nccl"),
+        (pl.col("n_comp") > 0).alias("is_comp"),
+        ((pl.col("n_nccl") + pl.col("n_comp") + pl.col("n_copy")) == 0).alias("is_idle"),
+    )
+
+
+def _segment_sums() -> list[pl.Expr]:
+    length = pl.col("len")
+    return [
+        length.filter(~pl.col("is_idle")).sum().alias("busy_ns"),
+        length.filter(pl.col("is_nccl")).sum().alias("nccl_ns"),
+        length.filter(pl.col("is_comp")).sum().alias("compute_ns"),
+        length.filter(pl.col("is_nccl") & pl.col("is_comp")).sum().alias("overlap_ns"),
+        length.filter(pl.col("is_nccl") & ~pl.col("is_comp")).sum().alias("exposed_ns"),
+        length.filter(pl.col("is_idle")).sum().alias("idle_ns"),
+        length.filter(pl.col("is_idle") & (length >= GAP_MIN_NS)).sum().alias("gap_ns"),
+        (pl.col("is_idle") & (length >= GAP_MIN_NS)).sum().cast(pl.Int64).alias("gaps"),
+    ]
+
+
+def _rank_summary(
+    segments: pl.DataFrame,
+    windows: pl.DataFrame,
+    steps: pl.DataFrame,
+    gpu: pl.DataFrame,
+    api: pl.DataFrame,
+    marks: pl.DataFrame,
+) -> pl.DataFrame:
+    sums = segments.group_by("unit").agg(*_segment_sums())
+    step_stats = steps.group_by("unit").agg((pl.col("s_end") - pl.col("s_start")).median().alias("step_ns"))
+    in_window = gpu.join(windows, on="unit").filter((pl.col("start") >= pl.col("w0")) & (pl.col("start") < pl.col("w1")))
+    counts = in_window.group_by("unit").agg(
+        pl.col("compute").sum().cast(pl.Int64).alias("kernels"),
+        pl.col("nccl").sum().cast(pl.Int64).alias("nccl_kernels"),
+        (pl.col("end") - pl.col("start")).filter(pl.col("nccl")).sum().alias("nccl_sum_ns"),
+    )
+    allocs = (
+        api.join(windows, on="unit")
+        .filter((pl.col("start") >= pl.col("w0")) & (pl.col("start") < pl.col("w1")))
+        .group_by("unit")
+        .agg(
+            pl.col("name").cast(pl.String).str.contains(MALLOC_CALLS).sum().cast(pl.Int64).alias("mallocs"),
+            pl.col("name").cast(pl.String).str.contains(FREE_CALLS).sum().cast(pl.Int64).alias("frees"),
+        )
+    )
+    return (
+        windows.join(sums, on="unit", how="left")
+        .join(step_stats, on="unit", how="left")
+        .join(counts, on="unit", how="left")
+        .join(allocs, on="unit", how="left")
+        .with_columns(
+            (pl.col("w1") - pl.col("w0")).alias("window_ns"),
+            pl.col("mallocs").fill_null(0),
+            pl.col("frees").fill_null(0),
+        )
+    )
+
+
+def _us(name: str, expr: pl.Expr | None = None) -> pl.Expr:
+    return ((expr if expr is not None else pl.col(name)).cast(pl.Float64) / _US).round(1).alias(name.replace("_ns", "_us"))
+
+
+def _ms_text(expr: pl.Expr) -> pl.Expr:
+    return (expr.cast(pl.Float64) / 1e6).round(1).cast(pl.String)
+
+
+_IDENTITY = ("rank", "local_rank", "device", "nranks", "pid", "host")
+
+
+def _who() -> pl.Expr:
+    return (
+        pl.when(pl.col("rank").is_not_null())
+        .then(pl.format("rank {}", pl.col("rank")))
+        .when(pl.col("pid").is_not_null())
+        .then(pl.format("pid {} (GPU {})", pl.col("pid"), pl.col("device").cast(pl.String).fill_null("?")))
+        .otherwise(pl.format("GPU {}", pl.col("device").cast(pl.String).fill_null("?")))
+    )
+
+
+def _wall(col: str) -> pl.Expr:
+    """UTC time of a trace timestamp when the trace gives its clock base."""
+    return (
+        pl.when(pl.col("base_ns").is_not_null())
+        .then(pl.from_epoch((pl.col("base_ns") + pl.col(col)) // 1000, time_unit="us").dt.replace_time_zone("UTC"))
+        .otherwise(pl.lit(None, dtype=UTC_TS))
+    )
+
+
+def _rank_events(rows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+    per = pl.coalesce(pl.col("steps"), pl.lit(1)).cast(pl.Float64)
+    frame = rows.join(units, on="unit", how="left")
+    detail = pl.struct(
+        _us("window_ns"),
+        pl.col("steps"),
+        _us("step_ns"),
+        _us("busy_ns"),
+        _us("compute_ns"),
+        _us("nccl_ns"),
+        _us("nccl_sum_ns"),
+        _us("overlap_ns"),
+        _us("exposed_ns"),
+        _us("idle_ns"),
+        _us("gap_ns"),
+        pl.col("gaps"),
+        pl.col("kernels"),
+        pl.col("nccl_kernels"),
+        pl.col("mallocs"),
+        pl.col("frees"),
+    ).struct.json_encode()
+    span = (
+        pl.when(pl.col("steps").is_not_null())
+        .then(pl.format("{} steps, median step {} ms; per step: ", pl.col("steps"), _ms_text(pl.col("step_ns"))))
+        .otherwise(pl.format("{} ms of GPU activity (no step annotations): ", _ms_text(pl.col("window_ns"))))
+    )
+    message = pl.format(
+        "{}: {}NCCL {} ms (not overlapped {} ms), compute {} ms, GPU idle {} ms ({} gaps >= 1 ms){}",
+        _who(),
+        span,
+        _ms_text(pl.col("nccl_ns") / per),
+        _ms_text(pl.col("exposed_ns") / per),
+        _ms_text(pl.col("compute_ns") / per),
+        _ms_text(pl.col("idle_ns") / per),
+        pl.col("gaps").fill_null(0),
+        pl.when((pl.col("mallocs") + pl.col("frees")) > 0)
+        .then(pl.format("; {} device allocations, {} releases", pl.col("mallocs"), pl.col("frees")))
+        .otherwise(pl.lit("")),
+    )
+    return conform(
+        frame.select(
+            pl.lit(0, dtype=pl.Int64).alias("line"),
+            _wall("w0").alias("ts"),
+            pl.when(pl.col("base_ns").is_not_null()).then(pl.lit("trace")).alias("ts_source"),
+            *_IDENTITY,
+            pl.lit("trace.rank").alias("kind"),
+            pl.lit("info").alias("severity"),
+            message.alias("message"),
+            message.alias("text"),
+            detail.alias("detail"),
+        )
+    )
+
+
+def _collective_events(gpu: pl.DataFrame, windows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+    nccl = (
+        gpu.filter(pl.col("nccl"))
+        .join(windows, on="unit")
+        .filter((pl.col("start") >= pl.col("w0")) & (pl.col("start") < pl.col("w1")))
+        .with_columns(
+            pl.col("name").str.extract(_NCCL_OP, 1).fill_null("other").alias("op"),
+            (pl.col("end") - pl.col("start")).alias("dur"),
+        )
+    )
+    if nccl.height == 0:
+        return empty_events()
+    stats = nccl.group_by("unit", "op").agg(
+        pl.len().cast(pl.Int64).alias("count"),
+        pl.col("dur").sum().alias("sum_ns"),
+        pl.col("dur").median().alias("median_ns"),
+        pl.col("dur").min().alias("min_ns"),
+        pl.col("dur").max().alias("max_ns"),
+    )
+    frame = stats.join(units, on="unit", how="left")
+    message = pl.format(
+        "{}: {} x {} kernels, median {} ms (min {}, max {}), {} ms in all",
+        _who(),
+        pl.col("count"),
+        pl.col("op"),
+        (pl.col("median_ns") / 1e6).round(3).cast(pl.String),
+        (pl.col("min_ns") / 1e6).round(3).cast(pl.String),
+        (pl.col("max_ns") / 1e6).round(3).cast(pl.String),
+        _ms_text(pl.col("sum_ns")),
+    )
+    return conform(
+        frame.select(
+            pl.lit(0, dtype=pl.Int64).alias("line"),
+            *_IDENTITY,
+            pl.lit("trace.collective").alias("kind"),
+            pl.lit("info").alias("severity"),
+            pl.col("op"),
+            message.alias("message"),
+            message.alias("text"),
+            pl.struct(pl.col("count"), _us("sum_ns"), _us("median_ns"), _us("min_ns"), _us("max_ns")).struct.json_encode().alias("detail"),
+        ).sort("rank", "op", nulls_last=True)
+    )
+
+
+def _step_events(segments: pl.DataFrame, steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+    if steps.height == 0:
+        return empty_events()
+    per_step = (
+        segments.filter(pl.col("step").is_not_null())
+        .group_by("unit", "step")
+        .agg(*_segment_sums())
+        .join(steps, on=["unit", "step"])
+        .with_columns((pl.col("s_end") - pl.col("s_start")).alias("step_ns"))
+        .sort("unit", "step")
+        .group_by("unit", maintain_order=True)
+        .head(MAX_STEP_EVENTS)
+    )
+    frame = per_step.join(units, on="unit", how="left")
+    message = pl.format(
+        "{} step {}: {} ms; NCCL {} ms, compute {} ms, GPU idle {} ms",
+        _who(),
+        pl.col("step"),
+        _ms_text(pl.col("step_ns")),
+        _ms_text(pl.col("nccl_ns")),
+        _ms_text(pl.col("compute_ns")),
+        _ms_text(pl.col("idle_ns")),
+    )
+    return conform(
+        frame.select(
+            pl.lit(0, dtype=pl.Int64).alias("line"),
+            _wall("s_start").alias("ts"),
+            pl.when(pl.col("base_ns").is_not_null()).then(pl.lit("trace")).alias("ts_source"),
+            *_IDENTITY,
+            pl.lit("trace.step").alias("kind"),
+            pl.lit("info").alias("severity"),
+            pl.col("step").alias("seq"),
+            message.alias("message"),
+            message.alias("text"),
+            pl.struct(
+                _us("step_ns"), _us("nccl_ns"), _us("compute_ns"), _us("exposed_ns"), _us("idle_ns"), _us("gap_ns")
+            ).struct.json_encode().alias("detail"),
+        )
+    )
+
+
+def _gap_events(segments: pl.DataFrame, marks: pl.DataFrame, windows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+    gaps = (
+        segments.filter(pl.col("is_idle") & (pl.col("len") >= GAP_MIN_NS))
+        .sort("unit", "len", "t", descending=[False, True, False])
+        .group_by("unit", maintain_order=True)
+        .head(TOP_GAPS)
+        .select("unit", "step", pl.col("t").alias("g0"), (pl.col("t") + pl.col("len")).alias("g1"), "len")
+    )
+    if gaps.height == 0:
+        return empty_events()
+    labels = marks.filter(~pl.col("name").str.contains(STEP_NAME))
+    if labels.height:
+        # What the host was doing while the GPU sat idle: the CPU range that covers most of the gap.
+        covering = (
+            gaps.join(labels, on="unit")
+            .with_columns((pl.min_horizontal("g1", "end") - pl.max_horizontal("g0", "start")).alias("cover"))
+            .filter(pl.col("cover") > 0)
+            .sort("unit", "g0", "cover", descending=[False, False, True])
+            .unique(["unit", "g0"], keep="first")
+            .select("unit", "g0", pl.col("name").alias("during"))
+        )
+        gaps = gaps.join(covering, on=["unit", "g0"], how="left")
+    else:
+        gaps = gaps.with_columns(pl.lit(None, dtype=pl.String).alias("during"))
+    frame = gaps.join(windows.select("unit", "w0"), on="unit").join(units, on="unit", how="left")
+    message = pl.format(
+        "{}: GPU idle for {} ms{}{}",
+        _who(),
+        (pl.col("len") / 1e6).round(2).cast(pl.String),
+        pl.when(pl.col("step").is_not_null()).then(pl.format(" in step {}", pl.col("step"))).otherwise(pl.lit("")),
+        pl.when(pl.col("during").is_not_null()).then(pl.format(" while the host ran {}", pl.col("during"))).otherwise(pl.lit("")),
+    )
+    return conform(
+        frame.select(
+            pl.lit(0, dtype=pl.Int64).alias("line"),
+            _wall("g0").alias("ts"),
+            pl.when(pl.col("base_ns").is_not_null()).then(pl.lit("trace")).alias("ts_source"),
+            *_IDENTITY,
+            pl.lit("trace.gap").alias("kind"),
+            pl.lit("info").alias("severity"),
+            pl.col("step").alias("seq"),
+            message.alias("message"),
+            message.alias("text"),
+            pl.struct(
+                _us("len_ns", pl.col("len")), _us("offset_ns", pl.col("g0") - pl.col("w0")), pl.col("during")
+            ).struct.json_encode().alias("detail"),
+        ).sort("rank", "ts", nulls_last=True)
+    )

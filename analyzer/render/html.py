@@ -1,0 +1,514 @@
+"""Stage 6, render (HTML): one self-contained incident report with a cross-rank timeline.
+
+The page reads top-down like the terminal report: the verdict (category, culprits, confidence,
+evidence with file:line, remediation), the other findings cause before symptom, the timeline,
+then the inputs table. The timeline's frames come from `analyzer.render.timeline`; this module
+only turns them into a compact columnar payload (string tables, gzip+base64 when large) that the
+page's script (`assets/report.js`) draws with the vendored plotly.js.
+
+Offline and safe by construction: plotly.js and the script are inlined, a Content-Security-Policy
+admits exactly those two scripts (by hash) and no network, every string from the logs is escaped
+in the HTML and again by the script before plotly renders it, and the output is deterministic
+(no clock, sorted frames, gzip with mtime 0).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import html
+import json
+import os
+from functools import cache
+from importlib import resources
+
+import polars as pl
+
+from analyzer.detect import format_ranks
+from analyzer.render.timeline import CLASSES, FOLD_THRESHOLD, MAX_LANES, PANELS, Timeline, build_timeline
+
+MAX_TEXT_CHARS = 2000  # of one log line in the payload
+MEMBER_TEXT_BUDGET = 1_000_000  # characters of folded members' line texts, in display order
+COMPRESS_ABOVE = 256 * 1024  # payload bytes above which it is gzipped (the page inflates it natively)
+INPUTS_INLINE = 500  # inputs listed as HTML rows; beyond, problems in HTML and all files in the payload
+EVIDENCE_SHOWN = 3  # evidence lines of a secondary finding shown before "more"
+FINDINGS_FULL_PER_RULE = 3  # findings of one signature shown in full; the rest one line each
+FINDINGS_LISTED_PER_RULE = 50
+
+PANEL_TITLES = {
+    "time": "UTC time (all sources on one clock)",
+    "order": "line order in lane (no timestamp)",
+    "seq": "collective sequence number",
+}
+
+# Drawing attributes per marker class: (symbol, symbol when the clock was inferred, color, size).
+STYLE: dict[str, tuple[str, str, str, int]] = {
+    "init": ("circle", "circle-open", "#2e7d32", 9),
+    "step": ("circle", "circle-open", "#9e9e9e", 6),
+    "warning": ("triangle-up", "triangle-up-open", "#ef8f00", 10),
+    "error": ("x", "x-open", "#d62728", 10),
+    "watchdog": ("hourglass", "hourglass-open", "#7b3fa0", 12),
+    "exception": ("star", "star-open", "#b3261e", 13),
+    "collective": ("diamond", "diamond-open", "#1f77b4", 9),
+    "last": ("triangle-right", "triangle-right-open", "#263238", 11),
+    "evidence": ("circle-dot", "circle-open-dot", "#8d6e63", 8),
+    "coll.completed": ("square", "square-open", "#1f77b4", 10),
+    "coll.enqueued": ("square-open", "square-open", "#17a2b8", 12),
+    "coll.waiting": ("hourglass", "hourglass-open", "#7b3fa0", 13),
+}
+
+CLOCK_NOTES = {
+    "c10d-year-inferred": "PyTorch C++ log headers carry no year; it was taken from the file's modification time",
+    "flight_recorder": "Flight Recorder entry creation times",
+    "error.json": "torchelastic error file timestamps",
+    "collector": "timestamps added by the log collector",
+}
+
+_CONFIDENCE_WORDS = ((0.85, "high"), (0.6, "medium"), (0.0, "low"))
+
+
+# --- assets ----------------------------------------------------------------------------------------
+
+
+@cache
+def _asset(*parts: str) -> str:
+    return resources.files("analyzer.render").joinpath(*parts).read_text(encoding="utf-8")
+
+
+def plotly_js() -> str:
+    return _asset("vendor", "plotly-basic.min.js")
+
+
+def _script_hash(source: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+def _inline_script(source: str) -> str:
+    # A script element ends at the first "</script" whatever the JS means by it.
+    if "</script" in source.lower():
+        raise ValueError("inline script contains '</script'")
+    return f"<script>{source}</script>"
+
+
+# --- public ----------------------------------------------------------------------------------------
+
+
+def write_html(analysis, path: str | os.PathLike[str], **options) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(render_html(analysis, **options))
+
+
+def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: int = MAX_LANES) -> str:
+    """The report page for an `analyzer.api.Analysis` (events with event_id, findings, report)."""
+    report = analysis.report
+    verdict = report["verdict"]
+    evidence = analysis.findings.get_column("evidence").to_list() if analysis.findings.height else []
+    has_verdict = verdict["category"] != "none" and bool(evidence)
+    timeline = build_timeline(
+        analysis.events,
+        culprit_ranks=verdict["culprit_ranks"],
+        culprit_hosts=verdict["culprit_hosts"],
+        verdict_evidence=evidence[0] if has_verdict else (),
+        other_evidence=[e for ids in evidence[1 if has_verdict else 0:] for e in ids],
+        fold_threshold=fold_threshold,
+        max_lanes=max_lanes,
+    )
+    payload = timeline_payload(timeline, analysis.events)
+    if len(report["inputs"]) > INPUTS_INLINE:
+        payload["inputs"] = _inputs_payload(report["inputs"])
+    data_element = _data_element(payload)
+    plotly = plotly_js()
+    script = _asset("assets", "report.js")
+    csp = (
+        "default-src 'none'; "
+        f"script-src {_script_hash(plotly)} {_script_hash(script)}; "
+        "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'none'; "
+        "base-uri 'none'; form-action 'none'"
+    )
+    job = report["job"]
+    title = f"postmortem: {verdict['category']} - {job['path']}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{html.escape(csp, quote=False)}">',  # ours: no " inside
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<meta name="referrer" content="no-referrer">',
+        f"<title>{_e(title)}</title>",
+        f"<style>{_asset('assets', 'report.css')}</style>",
+        "</head>",
+        "<body>",
+        _header_html(report),
+        "<main>",
+        _verdict_html(report),
+        _findings_html(report),
+        _timeline_html(timeline),
+        _inputs_html(report),
+        _problems_html(report),
+        "</main>",
+        data_element,
+        _inline_script(plotly),
+        _inline_script(script),
+        "</body>",
+        "</html>",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+# --- static sections -------------------------------------------------------------------------------
+
+
+def _e(value) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _confidence(value: float) -> str:
+    word = next(w for threshold, w in _CONFIDENCE_WORDS if value >= threshold)
+    return f"{value:.2f} ({word})"
+
+
+def _header_html(report: dict) -> str:
+    job = report["job"]
+    meta = [
+        f"outcome: <b>{_e(job['outcome'])}</b>",
+        f"world size: {_e(job['world_size'] if job['world_size'] is not None else '?')}",
+        f"ranks seen: {len(job['ranks'])}",
+        f"hosts: {len(job['hosts'])}",
+        f"analyzer {_e(report['analyzer_version'])}, report schema {_e(report['schema_version'])}",
+    ]
+    return (
+        "<header>"
+        f"<h1>postmortem report: <span class=\"mono\">{_e(job['path'])}</span></h1>"
+        f"<p class=\"meta\">{''.join(f'<span>{m}</span>' for m in meta)}</p>"
+        "</header>"
+    )
+
+
+def _evidence_html(evidence: list[dict], shown: int | None = None) -> str:
+    if not evidence:
+        return ""
+
+    def item(ev: dict) -> str:
+        rank = f'<span class="rank">rank {_e(ev["rank"])}</span>' if ev.get("rank") is not None else ""
+        return (f'<li><code class="loc">{_e(ev["file"])}:{_e(ev["line"])}</code>{rank}'
+                f'<pre>{_e(ev["text"])}</pre></li>')
+
+    head = evidence if shown is None else evidence[:shown]
+    rest = [] if shown is None else evidence[shown:]
+    out = '<ul class="evidence">' + "".join(item(ev) for ev in head) + "</ul>"
+    if rest:
+        out += (f"<details><summary>{len(rest)} more evidence line(s)</summary>"
+                f'<ul class="evidence">{"".join(item(ev) for ev in rest)}</ul></details>')
+    return out
+
+
+def _verdict_html(report: dict) -> str:
+    verdict = report["verdict"]
+    findings = report["findings"]
+    none = verdict["category"] == "none"
+    facts = []
+    if not none:
+        ranks = format_ranks(verdict["culprit_ranks"]) if verdict["culprit_ranks"] else ""
+        hosts = ", ".join(verdict["culprit_hosts"])
+        facts.append(("culprit rank(s)", f'<span class="culprit">{_e(ranks)}</span>' if ranks else "not named by the evidence"))
+        facts.append(("culprit host(s)", f'<span class="culprit">{_e(hosts)}</span>' if hosts else "not named by the evidence"))
+        facts.append(("confidence", _e(_confidence(verdict["confidence"]))))
+        facts.append(("signature", f'<code>{_e(verdict["rule_id"])}</code>'))
+    body = [
+        f'<section id="verdict" class="verdict{" none" if none else ""}">',
+        f'<h2>Verdict</h2><div><span class="category">{_e(verdict["category"])}</span>'
+        f'<span class="title">{_e(verdict["title"])}</span></div>',
+        f'<p class="summary">{_e(verdict["summary"])}</p>',
+    ]
+    if facts:
+        body.append('<dl class="facts">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>")
+    if verdict["evidence"]:
+        body.append("<h3>Evidence</h3>" + _evidence_html(verdict["evidence"]))
+    if findings and not none:
+        body.append(f'<h3>What to do</h3><div class="remediation">{_e(findings[0]["remediation"])}</div>')
+    body.append("</section>")
+    return "\n".join(body)
+
+
+def _findings_html(report: dict) -> str:
+    """Findings after the verdict, in the report's order (cause before symptom).
+
+    A signature that fired many times (one finding per host, say) shows its first
+    FINDINGS_FULL_PER_RULE findings in full; the others become one line each in a collapsed list
+    right after them (at most FINDINGS_LISTED_PER_RULE; the JSON report has every one).
+    """
+    findings = report["findings"][1:] if report["verdict"]["category"] != "none" else report["findings"]
+    if not findings:
+        return '<section id="findings"><h2>Other findings</h2><p class="muted">None.</p></section>'
+    blocks: list[str | list[dict]] = []
+    overflow: dict[str, list[dict]] = {}
+    seen: dict[str, int] = {}
+    for f in findings:
+        seen[f["rule_id"]] = seen.get(f["rule_id"], 0) + 1
+        if seen[f["rule_id"]] <= FINDINGS_FULL_PER_RULE:
+            blocks.append(_finding_html(f))
+            if seen[f["rule_id"]] == FINDINGS_FULL_PER_RULE:
+                blocks.append(overflow.setdefault(f["rule_id"], []))
+        else:
+            overflow[f["rule_id"]].append(f)
+    items = [block if isinstance(block, str) else _more_findings_html(block) for block in blocks]
+    return ('<section id="findings"><h2>Other findings <span class="muted">(cause before symptom)</span></h2>'
+            + "".join(items) + "</section>")
+
+
+def _who(f: dict) -> list[str]:
+    who = []
+    if f["ranks"]:
+        who.append(f"ranks {_e(format_ranks(f['ranks']))}")
+    if f["hosts"]:
+        who.append(f"hosts {_e(', '.join(f['hosts'][:16]))}" + (" ..." if len(f["hosts"]) > 16 else ""))
+    return who
+
+
+def _finding_html(f: dict) -> str:
+    symptom = (f'<span class="tag">symptom of {_e(", ".join(f["caused_by"]))}</span>' if f["caused_by"] else "")
+    tags = " \u00b7 ".join([_e(f["category"]), f"confidence {_e(_confidence(f['confidence']))}",
+                             f"<code>{_e(f['rule_id'])}</code>", *_who(f)])
+    return (
+        '<article class="finding">'
+        f'<div><span class="sev {_e(f["severity"])}">{_e(f["severity"])}</span><b>{_e(f["title"])}</b>{symptom}'
+        f'<span class="tag">{tags}</span></div>'
+        f'<p class="summary">{_e(f["summary"])}</p>'
+        f"{_evidence_html(f['evidence'], EVIDENCE_SHOWN)}"
+        f'<details><summary>What to do</summary><div class="remediation">{_e(f["remediation"])}</div></details>'
+        "</article>"
+    )
+
+
+def _more_findings_html(more: list[dict]) -> str:
+    if not more:
+        return ""
+    listed = more[:FINDINGS_LISTED_PER_RULE]
+    dot = " \u00b7 "
+    rows = "".join(f'<li>{dot.join(_who(f)) or "(no rank or host named)"}: {_e(f["summary"])}</li>' for f in listed)
+    rest = len(more) - len(listed)
+    tail = f'<p class="muted">and {rest} more; `--format json` lists every finding.</p>' if rest else ""
+    return (f'<details class="finding"><summary>{len(more)} more finding(s) of <code>{_e(more[0]["rule_id"])}</code>'
+            f"</summary><ul>{rows}</ul>{tail}</details>")
+
+
+def _timeline_html(timeline: Timeline) -> str:
+    notes = timeline_notes(timeline)
+    return (
+        '<section id="timeline"><h2>Cross-rank timeline</h2>'
+        + ('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else "")
+        + '<p id="timeline-error"></p>'
+        + '<noscript><p>The timeline needs JavaScript (inlined in this file; nothing is downloaded).</p></noscript>'
+        + '<ul id="timeline-folds" class="folds"></ul>'
+        + '<div id="timeline-plot"></div>'
+        + "</section>"
+    )
+
+
+def timeline_notes(timeline: Timeline) -> list[str]:
+    """What the reader must know to read the axes: clocks, untimed events, folding, thinning."""
+    stats = timeline.stats
+    notes: list[str] = []
+    if not timeline.lanes.height:
+        return ["No event of the job is drawn on the timeline (no init, step, warning, error, collective or last-line event)."]
+    if stats["time_markers"]:
+        sources = []
+        for source, count, inferred in timeline.clocks.iter_rows():
+            why = CLOCK_NOTES.get(source, "")
+            sources.append(f"{source} ({count} event{'s' if count != 1 else ''}"
+                           + (", clock inferred" if inferred else "") + (f": {why}" if why else "") + ")")
+        notes.append("Times from every source are drawn on one UTC axis. Clock sources: " + "; ".join(sources) + ".")
+        if timeline.clocks.filter(pl.col("inferred")).height:
+            notes.append("Markers whose clock was inferred are drawn hollow.")
+    if stats["order_markers"]:
+        notes.append(f"{stats['order_markers']} marker(s) have no timestamp: they are placed on the "
+                     "'line order' axis by their order within the lane (file, then line).")
+    if stats["seq_markers"]:
+        notes.append("Collectives by sequence number, per process group: last completed, last enqueued, and the "
+                     "one each lane waits in (watchdog timeouts, pg status, Flight Recorder).")
+    if stats["fold_level"] != "none":
+        level = {"exact": "same markers and collective states",
+                 "coarse": "same markers and collective states, sequence numbers ignored",
+                 "final": "same final state"}[stats["fold_level"]]
+        notes.append(f"{stats['units']} ranks (or processes) log here: {stats['folded_units']} that behave alike "
+                     f"({level}) are folded, leaving {stats['lanes']} lanes; culprits and odd ones keep their own lanes. "
+                     "Expand a folded lane with its button below or by clicking one of its markers.")
+    thinned = f"At most {stats['per_class_cap']} markers per lane and kind are drawn (evenly thinned; evidence always drawn)"
+    if stats["folded_units"]:
+        thinned += f"; an expanded fold shows each rank's first, middle and last marker of each kind"
+    notes.append(thinned + ". Hover a marker for its log line; the culprit's lane is shaded red.")
+    return notes
+
+
+def _inputs_html(report: dict) -> str:
+    inputs = report["inputs"]
+    counts: dict[str, int] = {}
+    for item in inputs:
+        counts[item["status"]] = counts.get(item["status"], 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    rows = inputs if len(inputs) <= INPUTS_INLINE else [i for i in inputs if i["status"] != "parsed"][:INPUTS_INLINE]
+    head = "".join(f"<th>{h}</th>" for h in ("file", "format", "ranks", "lines", "recognised", "status", "reason"))
+    table = f'<table class="inputs"><tr>{head}</tr>{"".join(_input_row(i) for i in rows)}</table>' if rows else ""
+    more = ""
+    if len(rows) < len(inputs):
+        # Large jobs: the files that were not fully parsed are listed above; every file is in the
+        # embedded data, shown by the page in pages on request.
+        listed = "the files that were not fully parsed are listed above; " if rows else "every file was parsed; "
+        more = f'<p class="muted">{_e(listed)}the full list is one click away.</p><div id="inputs-all"></div>'
+    return (f'<section id="inputs"><h2>Inputs <span class="muted">({len(inputs)} files: {_e(summary)})</span></h2>'
+            f"{table}{more}</section>")
+
+
+def _input_row(item: dict) -> str:
+    lines, unparsed = item["lines"], item["unparsed_lines"]
+    recognised = f"{round(100 * (lines - unparsed) / lines)}%" if lines else ""
+    return (f'<tr class="{_e(item["status"])}"><td class="mono">{_e(item["file"])}</td><td>{_e(item["format"])}</td>'
+            f'<td>{_e(format_ranks(item["ranks"]))}</td><td class="num">{lines}</td><td class="num">{recognised}</td>'
+            f'<td>{_e(item["status"])}</td><td>{_e(item["reason"])}</td></tr>')
+
+
+def _problems_html(report: dict) -> str:
+    problems = report.get("problems") or []
+    if not problems:
+        return ""
+    return ('<section id="problems"><h2>Analyzer problems</h2><ul>'
+            + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul></section>")
+
+
+# --- payload ---------------------------------------------------------------------------------------
+
+
+def _table(frame: pl.DataFrame, column: str) -> tuple[list[str], pl.Expr]:
+    """A sorted string table for `column` and the expression giving each row's index in it."""
+    values = frame.get_column(column).drop_nulls().unique().sort()
+    return values.to_list(), pl.col(column).cast(pl.Enum(values.to_list())).to_physical().cast(pl.Int32)
+
+
+def _columns(frame: pl.DataFrame) -> dict[str, list]:
+    return {name: frame.get_column(name).to_list() for name in frame.columns}
+
+
+def timeline_payload(timeline: Timeline, events: pl.DataFrame) -> dict:
+    """The timeline frames as the page's script reads them: columns of numbers plus string tables.
+
+    Lane markers point into `events` (one row per hovered event, with its text). Folded units'
+    own markers (`members`, the data behind "expand") carry file, line, kind and text index
+    inline, and times as integer ms after `t0`: at 16k ranks they are most of the payload.
+    """
+    lanes, markers, members = timeline.lanes, timeline.markers, timeline.members
+    panels = [p for p in PANELS if markers.filter(pl.col("panel") == p).height]
+    panel_ids = {p: i for i, p in enumerate(panels)}
+    classes = [c for c in CLASSES if markers.filter(pl.col("cls") == c).height or members.filter(pl.col("cls") == c).height]
+    class_ids = {c: i for i, c in enumerate(classes)}
+    line_text = pl.col("text").fill_null(pl.col("message")).fill_null("").str.slice(0, MAX_TEXT_CHARS)
+    hovered = (
+        markers.select("event_id").unique().join(events, on="event_id", how="left")
+        .with_columns(line_text.alias("text"))
+        .sort("event_id")
+        .with_row_index("_e")
+    )
+    member_rows = (
+        members.join(events.select("event_id", "file", "line", "kind", "text", "message"), on="event_id", how="left",
+                     maintain_order="left")
+        .with_columns(line_text.alias("text"))
+        # Members' line texts in display order while the budget lasts; the rest say where to look.
+        .with_columns(pl.when(pl.col("text").str.len_chars().cum_sum() <= MEMBER_TEXT_BUDGET).then(pl.col("text")).alias("text"))
+    )
+    both = pl.concat([hovered.select("file", "kind", "text"), member_rows.select("file", "kind", "text")])
+    files, file_idx = _table(both, "file")
+    kinds, kind_idx = _table(both, "kind")
+    texts, text_idx = _table(both, "text")
+    sources, src_idx = _table(hovered, "ts_source")
+    hosts = (
+        pl.concat([hovered.get_column("host"), timeline.units.get_column("host"), lanes.get_column("host")])
+        .drop_nulls().unique().sort().to_list()
+    )
+
+    def host_idx(column: str) -> pl.Expr:
+        return pl.col(column).cast(pl.Enum(hosts)).to_physical().cast(pl.Int32)
+
+    ops = pl.concat([markers.get_column("op"), members.get_column("op")]).drop_nulls().unique().sort().to_list()
+    all_groups = pl.concat([markers.get_column("group"), members.get_column("group")]).drop_nulls().unique().sort()
+    groups = all_groups.filter(all_groups != "").to_list()
+    common = [
+        pl.col("panel").replace_strict(panel_ids, return_dtype=pl.Int32).alias("panel"),
+        pl.col("cls").replace_strict(class_ids, return_dtype=pl.Int32).alias("cls"),
+        pl.col("evidence").alias("ev"),
+        pl.col("inferred").cast(pl.Int8).alias("inf"),
+        pl.col("op").cast(pl.Enum(ops)).to_physical().cast(pl.Int32).alias("op"),
+        pl.when(pl.col("group") != "").then(pl.col("group")).cast(pl.Enum(groups)).to_physical().cast(pl.Int32).alias("group"),
+    ]
+    single = pl.col("count") == 1
+    marker_cols = markers.join(hovered.select("event_id", "_e"), on="event_id", how="left", maintain_order="left").select(
+        "lane", "x",
+        pl.when(single).then(None).otherwise(pl.col("lo")).alias("lo"),
+        pl.when(single).then(None).otherwise(pl.col("hi")).alias("hi"),
+        "count", pl.col("_e").alias("e"), *common,
+    )
+    t0 = pl.concat([markers.filter(pl.col("panel") == "time").get_column("lo"),
+                    members.filter(pl.col("panel") == "time").get_column("x")]).min()
+    t0 = float(t0) if t0 is not None else 0.0
+    unit_index = members.select("unit", "unit_order", "lane").unique().sort("unit_order").with_row_index("_u")
+    units = unit_index.join(timeline.units.select("unit", "unit_label", "host"), on="unit", how="left").sort("_u")
+    member_cols = member_rows.join(unit_index.select("unit", "_u"), on="unit", how="left", maintain_order="left").select(
+        pl.col("_u").alias("unit"),
+        pl.when(pl.col("panel") == "time").then((pl.col("x") - t0).round(0)).otherwise(pl.col("x")).cast(pl.Int64).alias("x"),
+        file_idx.alias("file"), "line", kind_idx.alias("kind"), text_idx.alias("text"), *common,
+    )
+    event_cols = hovered.select(
+        file_idx.alias("file"), "line", "rank", host_idx("host").alias("host"), kind_idx.alias("kind"),
+        (pl.col("ts").dt.epoch("us") / 1000.0).alias("ts"), src_idx.alias("src"), text_idx.alias("text"),
+    )
+    lane_cols = lanes.select(
+        "label", "state", host_idx("host").alias("host"), pl.col("hosts").list.len().alias("hosts"),
+        "units", "unit_type", "culprit", "folded",
+    )
+    return {
+        "panels": [{"id": p, "title": PANEL_TITLES[p], "axis": "x" if i == 0 else f"x{i + 1}"} for i, p in enumerate(panels)],
+        "classes": [
+            {"id": c, "name": CLASSES[c], "symbol": STYLE[c][0], "symbol_open": STYLE[c][1], "color": STYLE[c][2], "size": STYLE[c][3]}
+            for c in classes
+        ],
+        "lanes": _columns(lane_cols),
+        "markers": _columns(marker_cols),
+        "events": _columns(event_cols),
+        "t0": t0,
+        "members": _columns(member_cols),
+        "units": _columns(units.select(pl.col("unit_label").alias("label"), host_idx("host").alias("host"), "lane")),
+        "files": files,
+        "hosts": hosts,
+        "kinds": kinds,
+        "sources": sources,
+        "inferred": ["inferred" in source for source in sources],  # as timeline.classify decides
+        "texts": texts,
+        "ops": ops,
+        "groups": groups,
+        "stats": timeline.stats,
+    }
+
+
+def _inputs_payload(inputs: list[dict]) -> dict:
+    return {
+        "file": [i["file"] for i in inputs],
+        "format": [i["format"] for i in inputs],
+        "ranks": [format_ranks(i["ranks"]) for i in inputs],
+        "lines": [i["lines"] for i in inputs],
+        "unparsed": [i["unparsed_lines"] for i in inputs],
+        "status": [i["status"] for i in inputs],
+        "reason": [i["reason"] for i in inputs],
+    }
+
+
+def _data_element(payload: dict) -> str:
+    raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if len(raw) > COMPRESS_ABOVE:
+        packed = base64.b64encode(gzip.compress(raw.encode("utf-8"), compresslevel=6, mtime=0)).decode("ascii")
+        return f'<script type="application/octet-stream" id="pm-data" data-encoding="gzip-base64">{packed}</script>'
+    # Inside a script element only "</script" and "<!--" are dangerous; escaping every <, > and &
+    # as JSON unicode escapes removes both and keeps the JSON identical once parsed.
+    safe = raw.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    safe = safe.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return f'<script type="application/json" id="pm-data">{safe}</script>'

@@ -1,0 +1,581 @@
+"""Stage 6, render (data side of the HTML timeline): lanes, folded lanes and marker rows as frames.
+
+Analysis returns frames and only the report draws: this module decides *what* the cross-rank
+timeline shows and `analyzer.render.html` decides *how*. Everything here is polars over the
+canonical event frame (with `event_id`, as correlate numbers it).
+
+- A **unit** is one thing that logs: a rank; failing that a process (`host` + `pid`), a host, or a
+  file, so that lines no stage could attribute still appear, in a lane of their own.
+- A **marker** is an event worth a point: init, steps, warnings, errors, watchdog timeouts,
+  exceptions, collective state, the last line a file logged, and every finding's evidence.
+- Three **panels** share the lanes. `time`: events with a wall clock, on one UTC axis whatever
+  their source (`ts_source` says which, and whether the clock was inferred). `order`: events
+  without one, by line order within their unit (the sequence axis). `seq`: collective progress
+  by sequence number per process group (last completed, last enqueued, waiting/timed out), from
+  watchdog lines, `pg_status` and Flight Recorder entries.
+- **Folding**: at `fold_threshold` units or more, units that behave alike (same marker classes in
+  the same order, same collective states) share one lane, e.g. "ranks 0,2-1023: waiting in
+  ALLREDUCE #35"; the odd ones and the culprits keep their own lanes. When exact behaviour still
+  leaves more than `max_lanes` lanes, coarser keys (sequence numbers ignored, then only the
+  final state) fold further. The folded units' own markers stay available (`members`) so the
+  report can expand a fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import polars as pl
+
+PANELS = ("time", "order", "seq")
+
+# Marker classes in legend order, with the legend name. Drawing attributes live in html.py.
+CLASSES: dict[str, str] = {
+    "init": "init",
+    "step": "step",
+    "warning": "warning",
+    "error": "error",
+    "watchdog": "watchdog timeout",
+    "exception": "exception",
+    "collective": "collective state",
+    "last": "last line logged",
+    "evidence": "other evidence",
+    "coll.completed": "last completed collective",
+    "coll.enqueued": "last enqueued collective",
+    "coll.waiting": "waiting / timed out in collective",
+}
+
+# Kinds with a class of their own; other warning/error/fatal kinds fall back to their severity.
+KIND_CLASS: dict[str, str] = {
+    "nccl.comm_init": "init",
+    "train.step": "step",
+    "progress": "step",
+    "train.end": "step",
+    "watchdog.timeout": "watchdog",
+    "watchdog.heartbeat": "watchdog",
+    "traceback.exception": "exception",
+    "torchrun.child_failed": "exception",
+    "watchdog.pg_status": "collective",
+    "desync.report": "collective",
+    "log.last": "last",
+}
+
+# Error-severity kinds that are context of another line (stack frames, table rows, NCCL's error
+# call chain), not events of their own: one watchdog timeout brings a dozen of them.
+QUIET_KINDS = frozenset(
+    {
+        "watchdog.frame",
+        "native.frame",
+        "nccl.error_chain",
+        "torchrun.table_field",
+        "torchrun.table_section",
+        "stack.thread",
+        "stack.process",
+        "fr.entry",
+        "fr.pg_status",
+    }
+)
+
+# Unit types in lane order within a host: ranks first, then processes, hosts, files.
+_UNIT_TYPES = {"rank": 0, "process": 1, "host": 2, "file": 3}
+
+MAX_PER_CLASS = 200  # markers per unit, panel and class; steps are thinned evenly beyond it
+MIN_PER_CLASS = 8  # ... but never fewer than this, however many units
+POINT_BUDGET = 40_000  # per-class cap ~ budget / units, so a thousand unfolded lanes stay drawable
+MAX_PER_CLASS_MEMBER = 2  # units inside a fold keep their first and last (and middle) marker per class
+FOLD_THRESHOLD = 1024
+MAX_LANES = 256
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The frames the HTML report draws (see the module docstring)."""
+
+    lanes: pl.DataFrame  # one row per lane, in display order
+    markers: pl.DataFrame  # one row per point drawn in a lane (aggregated over a fold's members)
+    members: pl.DataFrame  # folded units' own markers, for expanding a fold
+    units: pl.DataFrame  # every unit, its lane, label and behaviour
+    clocks: pl.DataFrame  # ts_source -> events with that clock, inferred flag
+    stats: dict = field(default_factory=dict)
+
+
+# --- units -----------------------------------------------------------------------------------------
+
+
+def unit_columns() -> list[pl.Expr]:
+    """`unit` (a stable key), `unit_type`, `unit_label` from rank, host, pid and file."""
+    rank, host, pid, file = pl.col("rank"), pl.col("host"), pl.col("pid"), pl.col("file")
+    unit_type = (
+        pl.when(rank.is_not_null())
+        .then(pl.lit("rank"))
+        .when(host.is_not_null() & pid.is_not_null())
+        .then(pl.lit("process"))
+        .when(host.is_not_null())
+        .then(pl.lit("host"))
+        .otherwise(pl.lit("file"))
+    )
+    unit = (
+        pl.when(rank.is_not_null())
+        .then(pl.format("r:{}", rank))
+        .when(host.is_not_null() & pid.is_not_null())
+        .then(pl.format("p:{}:{}", host, pid))
+        .when(host.is_not_null())
+        .then(pl.format("h:{}", host))
+        .otherwise(pl.format("f:{}", file.fill_null("?")))
+    )
+    label = (
+        pl.when(rank.is_not_null() & host.is_not_null())
+        .then(pl.format("rank {} ({})", rank, host))
+        .when(rank.is_not_null())
+        .then(pl.format("rank {}", rank))
+        .when(host.is_not_null() & pid.is_not_null())
+        .then(pl.format("{} pid {}", host, pid))
+        .when(host.is_not_null())
+        .then(pl.format("{} (no rank)", host))
+        .otherwise(pl.format("{} (no rank or host)", file.fill_null("?")))
+    )
+    return [unit.alias("unit"), unit_type.alias("unit_type"), label.alias("unit_label")]
+
+
+def _with_units(events: pl.DataFrame) -> pl.DataFrame:
+    return events.with_columns(unit_columns())
+
+
+# --- markers ---------------------------------------------------------------------------------------
+
+
+def evidence_frame(verdict_ids: Collection[int], other_ids: Collection[int]) -> pl.DataFrame:
+    """event_id -> evidence level: 2 for the verdict's evidence, 1 for another finding's."""
+    frame = pl.DataFrame(
+        {
+            "event_id": [*map(int, verdict_ids), *map(int, other_ids)],
+            "evidence": [2] * len(verdict_ids) + [1] * len(other_ids),
+        },
+        schema={"event_id": pl.Int64, "evidence": pl.Int8},
+    )
+    return frame.group_by("event_id").agg(pl.col("evidence").max()).sort("event_id")
+
+
+def classify(events: pl.DataFrame, evidence: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Events that become time/order markers, with their class, unit and clock.
+
+    Columns: event_id, unit, unit_type, rank, host, file, line, cls, ts_ms (epoch ms,
+    UTC, null without a clock), ts_source, inferred, evidence (0, 1, 2).
+    """
+    evidence = evidence if evidence is not None else evidence_frame((), ())
+    kind_class = pl.col("kind").replace_strict(KIND_CLASS, default=None, return_dtype=pl.String)
+    by_severity = (
+        pl.when(pl.col("kind").is_in(sorted(QUIET_KINDS)))
+        .then(pl.lit(None, dtype=pl.String))
+        .when(pl.col("severity") == "warning")
+        .then(pl.lit("warning"))
+        .when(pl.col("severity").is_in(["error", "fatal"]))
+        .then(pl.lit("error"))
+    )
+    # Evidence turns any line into a marker (it is why a finding fired); test membership before
+    # the join so that the units are only computed for the few rows kept.
+    is_evidence = pl.col("event_id").is_in(evidence.get_column("event_id").implode())
+    cls = pl.coalesce(kind_class, by_severity, pl.when(is_evidence).then(pl.lit("evidence")))
+    return (
+        events.select("event_id", "rank", "host", "pid", "file", "line", "kind", "severity", "ts", "ts_source")
+        .with_columns(cls.alias("cls"))
+        .filter(pl.col("cls").is_not_null())
+        .join(evidence, on="event_id", how="left")
+        .with_columns(unit_columns()[:2])
+        .select(
+            "event_id", "unit", "unit_type", "rank", "host", "file", "line", "cls",
+            (pl.col("ts").dt.epoch("us") / 1000.0).alias("ts_ms"),
+            "ts_source",
+            pl.col("ts_source").fill_null("").str.contains("inferred").alias("inferred"),
+            pl.col("evidence").fill_null(0).cast(pl.Int8),
+        )
+        .sort("event_id")
+    )
+
+
+def collective_marks(events: pl.DataFrame) -> pl.DataFrame:
+    """Collective progress per unit and process group: last completed, last enqueued, waiting.
+
+    Columns: unit, group (process group, "" when unknown), cls (coll.completed, coll.enqueued,
+    coll.waiting), x (sequence number), op, event_id. Completed/enqueued keep the highest number
+    seen, waiting the lowest (the collective the unit is stuck in). Flight Recorder dumps can hold
+    thousands of entries per rank, so rows are reduced per (rank, host, pid, file, pg) with
+    numeric aggregations before any unit string is built.
+    """
+    ids = ["rank", "host", "pid", "file", "group"]
+    base = events.select(
+        "event_id", "rank", "host", "pid", "file", "kind", "seq", "op", "code", "last_enqueued", "last_completed",
+        pl.col("pg").fill_null("").alias("group"),
+    )
+    no_op = pl.lit(None, dtype=pl.String)
+    waiting = pl.col("kind").is_in(["watchdog.timeout", "desync.report"]) & pl.col("seq").is_not_null()
+    fr = (pl.col("kind") == "fr.entry") & pl.col("seq").is_not_null()
+    parts = [
+        (waiting, "coll.waiting", pl.col("seq"), pl.col("op")),
+        (pl.col("last_enqueued").is_not_null(), "coll.enqueued", pl.col("last_enqueued"), no_op),
+        (pl.col("last_completed").is_not_null(), "coll.completed", pl.col("last_completed"), no_op),
+        (fr, "coll.enqueued", pl.col("seq"), pl.col("op")),
+        (fr & (pl.col("code") == "completed"), "coll.completed", pl.col("seq"), pl.col("op")),
+        (fr & pl.col("code").is_in(["scheduled", "started"]), "coll.waiting", pl.col("seq"), pl.col("op")),
+    ]
+    rows = pl.concat(
+        [
+            base.filter(keep).select(*ids, pl.lit(cls).alias("cls"), x.cast(pl.Int64).alias("x"), op.alias("op"), "event_id")
+            for keep, cls, x, op in parts
+        ],
+        how="vertical",
+    )
+    # Highest for completed/enqueued, lowest for waiting; an event with the op named wins a tie,
+    # then the earliest event.
+    order = pl.when(pl.col("cls") == "coll.waiting").then(pl.col("x")).otherwise(-pl.col("x"))
+    reduced = (
+        rows.group_by([*ids, "cls"])
+        .agg(pl.col("x", "op", "event_id").sort_by([order, pl.col("op").is_null(), pl.col("event_id")]).first())
+        .cast({"x": pl.Int64, "op": pl.String, "event_id": pl.Int64})  # an empty frame aggregates to nulls
+    )
+    units = reduced.with_columns(unit_columns()[0])
+    # Older watchdog lines name no process group; when a unit's other collective lines name
+    # exactly one, the unnamed ones are that group's (else one wait would show twice).
+    only = (
+        units.filter(pl.col("group") != "")
+        .group_by("unit")
+        .agg(pl.col("group").unique().alias("_groups"))
+        .filter(pl.col("_groups").list.len() == 1)
+        .select("unit", pl.col("_groups").list.first().alias("_only"))
+    )
+    units = units.join(only, on="unit", how="left").with_columns(
+        pl.when(pl.col("group") == "").then(pl.coalesce("_only", pl.lit(""))).otherwise(pl.col("group")).alias("group")
+    )
+    return (
+        units.with_columns(order.alias("_o"), pl.col("op").is_null().alias("_no_op"))
+        .sort(["unit", "group", "cls", "_o", "_no_op", "event_id"])
+        .unique(["unit", "group", "cls"], keep="first", maintain_order=True)
+        .select("unit", "group", "cls", "x", "op", "event_id")
+    )
+
+
+def _runs(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Add `_pos` (0-based position within each run of equal `keys`) and `_n` (the run's length).
+
+    The frame must be sorted by `keys`. Cheaper than windows `.over(keys)` on string keys: one
+    run id, a forward-filled run start, and the run lengths gathered back.
+    """
+    run = pl.struct(keys).rle_id()
+    index = pl.int_range(pl.len(), dtype=pl.Int64)
+    start = pl.when(pl.col("_run") != pl.col("_run").shift(1).fill_null(-1)).then(index).forward_fill()
+    return (
+        frame.with_columns(run.alias("_run"))
+        .with_columns(
+            (index - start).alias("_pos"),
+            pl.col("_run").rle().struct.field("len").gather(pl.col("_run")).alias("_n"),
+        )
+        .drop("_run")
+    )
+
+
+def _thin(frame: pl.DataFrame, keys: list[str], cap: int) -> pl.DataFrame:
+    """At most about `cap` rows per key, evenly spread (first and last kept); evidence always kept.
+
+    Returns the rows sorted by keys, x, event_id.
+    """
+    ordered = _runs(frame.sort([*keys, "x", "event_id"]), keys)
+    stride = ((pl.col("_n") + cap - 1) // cap).clip(lower_bound=1)
+    keep = (pl.col("evidence") > 0) | (pl.col("_pos") % stride == 0) | (pl.col("_pos") == pl.col("_n") - 1)
+    return ordered.filter(keep).drop("_pos", "_n")
+
+
+def unit_markers(events: pl.DataFrame, evidence: pl.DataFrame | None = None, cap: int = MAX_PER_CLASS,
+                 marks: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Every marker of every unit, placed: panel, x, and k (its ordinal within unit/panel/class/group).
+
+    Columns: unit, panel, cls, group, k, x, event_id, evidence, inferred, op.
+    `time` x is epoch ms (UTC); `order` x is the marker's line-order position in its unit
+    (1, 2, ...; file then line); `seq` x is the collective sequence number.
+    """
+    evidence = evidence if evidence is not None else evidence_frame((), ())
+    marks = classify(events, evidence) if marks is None else marks
+    placed = marks.with_columns(
+        pl.when(pl.col("ts_ms").is_not_null()).then(pl.lit("time")).otherwise(pl.lit("order")).alias("panel")
+    )
+    # Line order within the unit: file, then line (files of one rank: stderr, stdout, ...).
+    placed = _runs(placed.sort(["unit", "panel", "file", "line", "event_id"]), ["unit", "panel"])
+    placed = placed.with_columns(
+        pl.when(pl.col("panel") == "time").then(pl.col("ts_ms")).otherwise(pl.col("_pos") + 1).cast(pl.Float64).alias("x"),
+        pl.lit("").alias("group"),
+        pl.lit(None, dtype=pl.String).alias("op"),
+    ).select("unit", "panel", "cls", "group", "x", "event_id", "evidence", "inferred", "op")
+    coll = (
+        collective_marks(events)
+        .join(evidence, on="event_id", how="left")
+        .select(
+            "unit", pl.lit("seq").alias("panel"), "cls", "group", pl.col("x").cast(pl.Float64), "event_id",
+            pl.col("evidence").fill_null(0).cast(pl.Int8), pl.lit(False).alias("inferred"), "op",
+        )
+    )
+    keys = ["unit", "panel", "cls", "group"]
+    thinned = _runs(_thin(pl.concat([placed, coll], how="vertical"), keys, cap), keys)
+    return thinned.with_columns(pl.col("_pos").cast(pl.Int32).alias("k")).drop("_pos", "_n")
+
+
+def clock_sources(events: pl.DataFrame) -> pl.DataFrame:
+    """How the timestamps on the time axis were known: ts_source, events, inferred."""
+    return (
+        events.filter(pl.col("ts").is_not_null())
+        .group_by(pl.col("ts_source").fill_null("unknown"))
+        .agg(pl.len().alias("events"))
+        .with_columns(pl.col("ts_source").str.contains("inferred").alias("inferred"))
+        .sort("ts_source")
+    )
+
+
+# --- behaviour and folding ------------------------------------------------------------------------
+
+
+def unit_table(events: pl.DataFrame, markers: pl.DataFrame, culprit_ranks: Collection[int] = (),
+               culprit_hosts: Collection[str] = ()) -> pl.DataFrame:
+    """One row per unit that has a marker: label, host, rank, display order, culprit flag.
+
+    A culprit is a named rank; when the verdict names hosts only, every unit on those hosts.
+    """
+    attrs = (
+        _with_units(events.join(markers.select("event_id").unique(), on="event_id", how="semi"))
+        .group_by("unit")
+        .agg(
+            pl.col("unit_type").first(),
+            pl.col("rank").first(),
+            pl.col("host").drop_nulls().mode().sort().first().alias("host"),
+            pl.col("pid").drop_nulls().min().alias("pid"),
+            pl.col("file").min().alias("file"),
+        )
+        # The label from the unit's settled host, not from whichever line came first.
+        .with_columns(unit_columns()[2])
+    )
+    ranks = sorted(int(r) for r in culprit_ranks)
+    hosts = sorted(str(h) for h in culprit_hosts)
+    culprit = pl.col("rank").is_in(ranks) if ranks else (pl.col("host").is_in(hosts) if hosts else pl.lit(False))
+    return (
+        attrs.with_columns(
+            pl.col("unit_type").replace_strict(_UNIT_TYPES, return_dtype=pl.Int8).alias("_t"),
+            culprit.fill_null(False).alias("culprit"),
+        )
+        .sort(["host", "_t", "rank", "pid", "file", "unit"], nulls_last=True)
+        .with_row_index("unit_order")
+        .drop("_t")
+    )
+
+
+def behaviour_keys(markers: pl.DataFrame) -> pl.DataFrame:
+    """Per unit, three keys from exact to coarse, and a state phrase.
+
+    - `exact`: marker classes in order (repeats collapsed; the last-line marker left out) + each
+      collective state with its number;
+    - `coarse`: the same without sequence numbers;
+    - `final`: the unit's most telling state only (waiting in OP, raised, last class logged).
+    """
+    # The last line a file logged is a position, not a behaviour: with one file per host only the
+    # rank that printed last has one, and it must not split ranks that otherwise behave alike.
+    flow = (
+        markers.filter((pl.col("panel") != "seq") & (pl.col("cls") != "last"))
+        .sort(["unit", pl.col("panel").replace_strict({"time": 0, "order": 1}, return_dtype=pl.Int8), "x", "event_id"])
+        .filter(pl.col("cls") != pl.col("cls").shift(1).over("unit").fill_null(""))
+        .group_by("unit", maintain_order=True)
+        .agg(pl.col("cls").str.join(">").alias("flow"), pl.col("cls").last().alias("last_cls"),
+             (pl.col("cls") == "exception").any().alias("raised"))
+    )
+    seq = markers.filter(pl.col("panel") == "seq").sort(["unit", "group", "cls"])
+    coll = seq.group_by("unit", maintain_order=True).agg(
+        pl.format("{}:{}:{}:{}", "group", "cls", pl.col("op").fill_null(""), pl.col("x").cast(pl.Int64)).str.join(";").alias("coll_exact"),
+        pl.format("{}:{}:{}", "group", "cls", pl.col("op").fill_null("")).str.join(";").alias("coll_coarse"),
+    )
+    waiting = (
+        seq.filter(pl.col("cls") == "coll.waiting")
+        .sort(["unit", "x", "group"])
+        .unique("unit", keep="first", maintain_order=True)
+        .select("unit", pl.col("op").alias("wait_op"))
+    )
+    units = pl.concat([flow.select("unit"), coll.select("unit")]).unique().sort("unit")
+    keys = (
+        units.join(flow, on="unit", how="left")
+        .join(coll, on="unit", how="left")
+        .join(waiting, on="unit", how="left")
+        .with_columns(pl.col("flow", "coll_exact", "coll_coarse").fill_null(""))
+    )
+    final = (
+        pl.when(pl.col("raised")).then(pl.lit("raised"))
+        .when(pl.col("wait_op").is_not_null()).then(pl.format("waiting in {}", "wait_op"))
+        .when(pl.col("coll_coarse").str.contains("coll.waiting")).then(pl.lit("waiting in a collective"))
+        .otherwise(pl.format("last: {}", pl.col("last_cls").fill_null("collective state")))
+    )
+    return keys.select(
+        "unit",
+        pl.format("{}|{}", "flow", "coll_exact").alias("exact"),
+        pl.format("{}|{}", "flow", "coll_coarse").alias("coarse"),
+        final.alias("final"),
+    )
+
+
+def assign_lanes(units: pl.DataFrame, keys: pl.DataFrame, fold_threshold: int = FOLD_THRESHOLD,
+                 max_lanes: int = MAX_LANES) -> tuple[pl.DataFrame, str]:
+    """unit -> lane id (and the key level used: none, exact, coarse, final).
+
+    Below `fold_threshold` units every unit is its own lane. Otherwise non-culprit units with the
+    same key share a lane; the first key level that leaves at most `max_lanes` lanes is used.
+    Lane ids follow display order: a lane sits where its first unit would.
+    """
+    table = units.join(keys, on="unit", how="left").with_columns(pl.col("exact", "coarse", "final").fill_null(""))
+    level = "none"
+    grouped = table.with_columns(pl.col("unit").alias("_key"))
+    if units.height >= fold_threshold:
+        for level in ("exact", "coarse", "final"):
+            key = pl.when(pl.col("culprit")).then(pl.format("culprit:{}", "unit")).otherwise(pl.col(level))
+            grouped = table.with_columns(key.alias("_key"))
+            if grouped.get_column("_key").n_unique() <= max_lanes:
+                break
+    first = grouped.group_by("_key").agg(pl.col("unit_order").min().alias("_first"))
+    lane = first.sort("_first").with_row_index("lane").select("_key", pl.col("lane").cast(pl.Int32))
+    assigned = grouped.join(lane, on="_key", how="left").drop("_key").sort("unit_order")
+    return assigned, level
+
+
+def rank_ranges(ranks: pl.Expr) -> pl.Expr:
+    """A list of ranks as text, `[0, 2, 3, 4, 7]` -> `0,2-4,7` (for use inside `agg`)."""
+    sorted_ranks = ranks.drop_nulls().unique().sort()
+    run = sorted_ranks - pl.int_range(sorted_ranks.len())
+    starts = sorted_ranks.filter(run != run.shift(1).fill_null(-(2**62)))
+    ends = sorted_ranks.filter(run != run.shift(-1).fill_null(-(2**62)))
+    spans = pl.when(starts == ends).then(starts.cast(pl.String)).otherwise(
+        pl.format("{}-{}", starts, ends)
+    )
+    return spans.str.join(",")
+
+
+def lane_table(assigned: pl.DataFrame, lane_markers: pl.DataFrame) -> pl.DataFrame:
+    """One row per lane: label, state, host (when one), members, culprit, folded."""
+    lanes = assigned.group_by("lane").agg(
+        pl.len().alias("units"),
+        pl.col("unit_label").first().alias("single_label"),
+        pl.col("unit_type").first().alias("unit_type"),
+        (pl.col("unit_type") == "rank").all().alias("all_ranks"),
+        rank_ranges(pl.col("rank")).alias("ranks_text"),
+        pl.col("rank").drop_nulls().sort().alias("ranks"),
+        pl.col("host").drop_nulls().unique().sort().alias("hosts"),
+        pl.col("culprit").any().alias("culprit"),
+        pl.col("final").first().alias("final"),
+    )
+    state = _lane_state(lane_markers)
+    folded = pl.col("units") > 1
+    fold_label = (
+        pl.when(pl.col("all_ranks"))
+        .then(pl.format("ranks {}", "ranks_text"))
+        .otherwise(pl.format("{} {} lanes", "units", "unit_type"))
+    )
+    return (
+        lanes.join(state, on="lane", how="left")
+        .with_columns(
+            folded.alias("folded"),
+            pl.when(folded).then(fold_label).otherwise(pl.col("single_label")).alias("label"),
+            pl.when(pl.col("hosts").list.len() == 1).then(pl.col("hosts").list.first()).alias("host"),
+            pl.coalesce("state", "final").fill_null("").alias("state"),
+        )
+        .sort("lane")
+        .select("lane", "label", "state", "host", "hosts", "ranks", "ranks_text", "units", "unit_type", "culprit", "folded")
+    )
+
+
+def _lane_state(lane_markers: pl.DataFrame) -> pl.DataFrame:
+    """A lane's state phrase from its collective marks, e.g. 'waiting in ALLREDUCE #35'."""
+    seq = lane_markers.filter(pl.col("panel") == "seq")
+    number = pl.when(pl.col("lo") == pl.col("hi")).then(pl.format("#{}", pl.col("lo").cast(pl.Int64))).otherwise(
+        pl.format("#{}-{}", pl.col("lo").cast(pl.Int64), pl.col("hi").cast(pl.Int64))
+    )
+    pg = pl.when(pl.col("group").is_in(["", "0"])).then(pl.lit("")).otherwise(pl.format(" (pg {})", "group"))
+    waiting = (
+        seq.filter(pl.col("cls") == "coll.waiting")
+        .sort(["lane", "lo", "group"])
+        .unique("lane", keep="first", maintain_order=True)
+        .select("lane", pl.format("waiting in {}{}{}", pl.coalesce(pl.col("op") + pl.lit(" "), pl.lit("")), number, pg).alias("wait"))
+    )
+    progress = (
+        seq.filter(pl.col("cls").is_in(["coll.enqueued", "coll.completed"]))
+        .sort(["lane", "group", "cls"], descending=[False, False, True])
+        .group_by("lane", maintain_order=True)
+        .agg(pl.format("last {} {}{}", pl.col("cls").str.strip_prefix("coll."), number, pg).str.join(", ").alias("progress"))
+    )
+    return (
+        pl.concat([waiting.select("lane"), progress.select("lane")]).unique()
+        .join(waiting, on="lane", how="left")
+        .join(progress, on="lane", how="left")
+        .select("lane", pl.coalesce("wait", "progress").alias("state"))
+    )
+
+
+def aggregate_markers(markers: pl.DataFrame, assigned: pl.DataFrame) -> pl.DataFrame:
+    """Markers per lane: a folded lane's k-th marker of a class aggregates its members' k-th.
+
+    Columns: lane, panel, cls, group, k, x (median), lo, hi, count (units), event_id (of the
+    first unit in display order), evidence (max), inferred (any), op.
+    """
+    keys = ["lane", "panel", "cls", "group", "k"]
+    return (
+        markers.join(assigned.select("unit", "lane", "unit_order"), on="unit", how="inner")
+        .sort([*keys, "unit_order"])
+        .group_by(keys, maintain_order=True)
+        .agg(
+            pl.col("x").median().alias("x"),
+            pl.col("x").min().alias("lo"),
+            pl.col("x").max().alias("hi"),
+            pl.len().cast(pl.Int32).alias("count"),
+            pl.col("event_id").first(),
+            pl.col("evidence").max(),
+            pl.col("inferred").any(),
+            pl.col("op").drop_nulls().first(),
+        )
+        .sort(keys)
+    )
+
+
+def per_class_cap(units: int) -> int:
+    """Markers kept per unit, panel and class: MAX_PER_CLASS for a few units, fewer for many."""
+    return max(MIN_PER_CLASS, min(MAX_PER_CLASS, POINT_BUDGET // max(units, 1)))
+
+
+def build_timeline(
+    events: pl.DataFrame,
+    *,
+    culprit_ranks: Collection[int] = (),
+    culprit_hosts: Collection[str] = (),
+    verdict_evidence: Collection[int] = (),
+    other_evidence: Collection[int] = (),
+    fold_threshold: int = FOLD_THRESHOLD,
+    max_lanes: int = MAX_LANES,
+) -> Timeline:
+    """Lanes, markers and fold members for the job's events (see the module docstring)."""
+    evidence = evidence_frame(verdict_evidence, other_evidence)
+    marks = classify(events, evidence)
+    cap = per_class_cap(marks.get_column("unit").n_unique())
+    markers = unit_markers(events, evidence, cap, marks)
+    units = unit_table(events, markers, culprit_ranks, culprit_hosts)
+    keys = behaviour_keys(markers)
+    assigned, level = assign_lanes(units, keys, fold_threshold, max_lanes)
+    lane_markers = aggregate_markers(markers, assigned)
+    lanes = lane_table(assigned, lane_markers)
+    folded_units = assigned.join(lanes.filter(pl.col("folded")).select("lane"), on="lane", how="semi")
+    members = (
+        _thin(markers.join(folded_units.select("unit"), on="unit", how="semi"), ["unit", "panel", "cls", "group"],
+              MAX_PER_CLASS_MEMBER)
+        .join(folded_units.select("unit", "lane", "unit_order"), on="unit", how="inner")
+        .sort(["lane", "unit_order", "panel", "cls", "group", "k"])
+    )
+    stats = {
+        "units": units.height,
+        "lanes": lanes.height,
+        "fold_level": level,
+        "folded_units": folded_units.height,
+        "time_markers": markers.filter(pl.col("panel") == "time").height,
+        "order_markers": markers.filter(pl.col("panel") == "order").height,
+        "seq_markers": markers.filter(pl.col("panel") == "seq").height,
+        "per_class_cap": cap,
+        "member_cap": MAX_PER_CLASS_MEMBER,
+    }
+    return Timeline(lanes, lane_markers, members, assigned, clock_sources(events), stats)

@@ -1,0 +1,310 @@
+"""The batch scan: a night of 200 generated jobs, job discovery, the cache, bad jobs, the Ray engine."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from polars.testing import assert_frame_equal
+
+from analyzer.api import analyze
+from analyzer.cli import main
+from analyzer.fleet import fleet_view
+from analyzer.scan import (
+    STATUS_ANALYSED,
+    STATUS_CANNOT_ANALYSE,
+    STATUS_CRASHED,
+    VOLATILE_COLUMNS,
+    WORKER_DIED,
+    analyse_job,
+    cache_key,
+    engine_versions,
+    find_jobs,
+    fingerprint,
+    read_scan,
+    scan,
+)
+from tests.jobgen import RECURRING, make_jobs, sources
+
+ROOT = Path(__file__).resolve().parents[1]
+NIGHT_JOBS = 200
+VERDICT_FIELDS = ("category", "culprit_ranks", "culprit_hosts", "confidence", "rule_id")
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def night(tmp_path_factory):
+    root = tmp_path_factory.mktemp("night")
+    return root, make_jobs(root, NIGHT_JOBS)
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    return tmp_path_factory.mktemp("scan-out")
+
+
+@pytest.fixture(scope="module")
+def first_scan(night, outputs):
+    root, _ = night
+    result = run("scan", root, "--out", outputs / "night.parquet", "--jsonl", outputs / "night.jsonl",
+                 "--html", outputs / "night.html", "-j", 2)
+    return result, pl.read_parquet(outputs / "night.parquet")
+
+
+def by_job(rows: pl.DataFrame) -> dict[str, dict]:
+    return {row["job"]: row for row in rows.iter_rows(named=True)}
+
+
+def test_scan_writes_one_analysed_row_per_job(night, first_scan):
+    _, jobs = night
+    result, rows = first_scan
+    assert result.exit_code == 1, result.output  # failures were identified
+    assert f"{NIGHT_JOBS} jobs: {NIGHT_JOBS} analysed, 0 reused" in result.output
+    assert rows.get_column("job").to_list() == sorted(str(j.path) for j in jobs)
+    assert rows.get_column("status").unique().to_list() == [STATUS_ANALYSED]
+    assert {"job", "category", "culprit_ranks", "culprit_hosts", "confidence", "error"} <= set(rows.columns)
+
+
+def test_rows_equal_analyze_json_for_every_kind_of_job(night, first_scan):
+    """One generated copy of every fixture, through `analyze --format json`."""
+    _, jobs = night
+    rows = by_job(first_scan[1])
+    for generated in jobs[: len(sources())]:
+        result = run("analyze", generated.path, "--format", "json")
+        report = json.loads(result.output)
+        row = rows[str(generated.path)]
+        assert report["job"]["path"] == row["job"]
+        assert {k: row[k] for k in VERDICT_FIELDS} == {k: report["verdict"][k] for k in VERDICT_FIELDS}, generated.source
+        assert (row["verdict"], row["summary"], row["hosts"]) == (
+            report["verdict"]["title"], report["verdict"]["summary"], report["job"]["hosts"])
+        assert row["signatures"] == [f["rule_id"] for f in report["findings"]]
+        assert row["error"] is None
+
+
+def test_every_row_is_its_source_fixtures_verdict_with_hosts_renamed(night, first_scan):
+    _, jobs = night
+    rows = by_job(first_scan[1])
+    source_verdicts = {src: analyze(src).report["verdict"] for src in sources()}
+    for generated in jobs:
+        want = source_verdicts[generated.source]
+        row = rows[str(generated.path)]
+        assert row["category"] == want["category"]
+        assert row["culprit_ranks"] == want["culprit_ranks"]
+        assert row["confidence"] == want["confidence"]
+        assert row["culprit_hosts"] == sorted(generated.hosts.get(h, h) for h in want["culprit_hosts"])
+
+
+def test_jsonl_holds_the_same_rows(outputs, first_scan):
+    assert read_scan(outputs / "night.jsonl").equals(first_scan[1])
+
+
+def test_fleet_view_names_the_two_recurring_hosts_first(first_scan):
+    rows = first_scan[1]
+    hosts = fleet_view(rows).hosts
+    assert set(hosts.get_column("host").head(2).to_list()) == set(RECURRING)
+    # The counts are those of the verdicts themselves: distinct failed jobs whose verdict implicates the host.
+    failed = rows.filter((pl.col("status") == STATUS_ANALYSED) & (pl.col("category") != "none"))
+    named = Counter(h for hs in failed.get_column("implicated_hosts").to_list() for h in hs)
+    assert dict(zip(hosts.get_column("host"), hosts.get_column("failed_jobs"))) == dict(named)
+    assert min(named[h] for h in RECURRING) > max(n for h, n in named.items() if h not in RECURRING)
+
+
+def test_html_and_summary_show_the_recurring_hosts(outputs, first_scan):
+    result, _ = first_scan
+    page = (outputs / "night.html").read_text(encoding="utf-8")
+    assert all(host in page for host in RECURRING)
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    summary = result.output[result.output.index("Repeat-offender hosts"):]
+    assert summary.index(RECURRING[0]) < summary.index("n0") and summary.index(RECURRING[1]) < summary.index("n0")
+
+
+def test_rescan_with_nothing_changed_reuses_every_row(night, outputs, first_scan):
+    root, _ = night
+    result = run("scan", root, "--out", outputs / "again.parquet", "--cache", outputs / "night.cache.json", "-j", 2)
+    assert result.exit_code == 1
+    assert f"{NIGHT_JOBS} jobs: 0 analysed, {NIGHT_JOBS} reused" in result.output
+    assert pl.read_parquet(outputs / "again.parquet").equals(first_scan[1])
+
+
+def test_ray_engine_gives_the_same_rows(night, outputs, first_scan):
+    import ray
+
+    root, _ = night
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = run("scan", root, "--out", outputs / "ray.parquet", "--engine", "ray", "--no-cache", "-q")
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 1, result.output
+    ray_rows = pl.read_parquet(outputs / "ray.parquet")
+    # analyzer_hash identifies the code: it differs only if the checkout was edited between the two scans.
+    same = [c for c in ray_rows.columns if c not in (*VOLATILE_COLUMNS, "analyzer_hash")]
+    assert_frame_equal(ray_rows.select(same), first_scan[1].select(same))
+
+
+# ---------------------------------------------------------------------------------------------
+# Which directories are jobs.
+# ---------------------------------------------------------------------------------------------
+
+
+def _touch(path: Path, text: str = "x\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_job_discovery_rule(tmp_path):
+    _touch(tmp_path / "slurm" / "slurm-123.out")  # holds a file
+    _touch(tmp_path / "tr" / "run_ab12" / "attempt_0" / "0" / "stderr.log")  # wrapper of one torchrun run
+    _touch(tmp_path / "two" / "run_a" / "attempt_0" / "0" / "stderr.log")  # two run dirs: each is a job
+    _touch(tmp_path / "two" / "run_b" / "attempt_1" / "0" / "stderr.log")
+    _touch(tmp_path / "deep" / "2024" / "01" / "job-7" / "rank0.log")  # containers are searched
+    _touch(tmp_path / "deep" / "2024" / "01" / "job-7" / "sub" / "rank1.log")  # part of job-7
+    _touch(tmp_path / ".trash" / "old" / "x.log")  # hidden: skipped
+    (tmp_path / "empty").mkdir()  # holds nothing: not a job
+    found = [Path(p).relative_to(tmp_path).as_posix() for p in find_jobs([tmp_path])]
+    assert found == ["deep/2024/01/job-7", "slurm", "tr", "two/run_a", "two/run_b"]
+
+
+def test_a_file_root_and_a_root_holding_files_are_jobs(tmp_path):
+    log = _touch(tmp_path / "console.log")
+    _touch(tmp_path / "child" / "more.log")
+    assert find_jobs([log]) == [str(log)]
+    assert find_jobs([tmp_path]) == [str(tmp_path)]
+
+
+def test_scan_outputs_do_not_make_their_directory_a_job(tmp_path):
+    _touch(tmp_path / "job-1" / "log.txt")
+    out = tmp_path / "scan.parquet"
+    _touch(out)
+    assert find_jobs([tmp_path], exclude=[out]) == [str(tmp_path / "job-1")]
+
+
+def test_glob_and_manifest_override_the_rule(tmp_path):
+    for name in ("a", "b", "c"):
+        _touch(tmp_path / "jobs" / name / "logs" / "x.log")
+    assert find_jobs([tmp_path / "jobs"], pattern="[ab]/logs") == [str(tmp_path / "jobs" / n / "logs") for n in "ab"]
+    manifest = _touch(tmp_path / "list.txt", "# tonight\njobs/c\n\njobs/a/logs/x.log\n")
+    assert find_jobs([], manifest=manifest) == [str(tmp_path / "jobs" / "a" / "logs" / "x.log"), str(tmp_path / "jobs" / "c")]
+
+
+def test_missing_root_and_no_job_exit_two(tmp_path):
+    assert run("scan", tmp_path / "nope", "--out", tmp_path / "s.parquet").exit_code == 2
+    (tmp_path / "empty").mkdir()
+    result = run("scan", tmp_path / "empty", "--out", tmp_path / "s.parquet")
+    assert result.exit_code == 2 and "no job found" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache key.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fingerprint_follows_the_inputs(tmp_path):
+    log = _touch(tmp_path / "job" / "log.txt", "alpha\n")
+    stat = log.stat()
+    base, base_content = fingerprint(str(tmp_path / "job")), fingerprint(str(tmp_path / "job"), content_hash=True)
+    log.write_text("omega\n")  # same size; put the old mtime back: only a content hash sees it
+    os.utime(log, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert fingerprint(str(tmp_path / "job")) == base
+    assert fingerprint(str(tmp_path / "job"), content_hash=True) != base_content
+    _touch(tmp_path / "job" / "more.log")
+    assert fingerprint(str(tmp_path / "job")) != base
+
+
+def test_cache_key_covers_path_inputs_analyzer_and_catalogue():
+    versions = engine_versions()
+    key = cache_key("/j", "fp", versions)
+    assert key != cache_key("/k", "fp", versions)
+    assert key != cache_key("/j", "fp2", versions)
+    for name in versions:
+        assert key != cache_key("/j", "fp", {**versions, name: versions[name] + "x"})
+
+
+def test_a_changed_job_is_analysed_again_and_the_rest_reused(tmp_path):
+    jobs = [str(j.path) for j in make_jobs(tmp_path / "night", 3)]
+    cache = tmp_path / "scan.cache.json"
+    first = scan(jobs, workers=1, cache_path=cache)
+    with open(Path(jobs[1]) / "log.txt", "a", encoding="utf-8") as fh:
+        fh.write("one more line\n")
+    again = scan(jobs, workers=1, cache_path=cache)
+    assert (first.analysed, again.analysed, again.reused) == (3, 1, 2)
+    assert again.frame.drop(VOLATILE_COLUMNS, "fingerprint").equals(first.frame.drop(VOLATILE_COLUMNS, "fingerprint"))
+
+
+# ---------------------------------------------------------------------------------------------
+# A job that cannot be analysed, or that crashes the analyzer, is a row.
+# ---------------------------------------------------------------------------------------------
+
+
+def raising_task(job: str) -> dict:
+    """The real per-job function, except that a job named `boom` raises out of the task itself."""
+    if Path(job).name == "boom":
+        raise RuntimeError("task blew up")
+    return analyse_job(job)
+
+
+def dying_task(job: str) -> dict:
+    """The real per-job function, except that a job named `die` kills its worker process."""
+    if Path(job).name == "die":
+        os._exit(3)
+    return analyse_job(job)
+
+
+def test_unreadable_and_crashing_jobs_are_rows_not_an_aborted_scan(tmp_path):
+    good = make_jobs(tmp_path / "night", 2)
+    _touch(tmp_path / "binary" / "core").write_bytes(bytes(range(256)) * 400)
+    _touch(tmp_path / "boom" / "log.txt")
+    jobs = find_jobs([tmp_path])
+    result = scan(jobs, workers=1, task=raising_task)
+    rows = by_job(result.frame)
+    assert rows[str(tmp_path / "binary")]["status"] == STATUS_CANNOT_ANALYSE
+    cli = run("analyze", tmp_path / "binary")
+    assert cli.exit_code == 2 and rows[str(tmp_path / "binary")]["error"] in cli.output
+    boom = rows[str(tmp_path / "boom")]
+    assert boom["status"] == STATUS_CRASHED and boom["error"].startswith("RuntimeError: task blew up")
+    assert boom["category"] is None
+    assert all(rows[str(g.path)]["status"] == STATUS_ANALYSED for g in good)
+
+
+def test_an_analyzer_exception_is_the_jobs_error(tmp_path, monkeypatch):
+    import analyzer.api
+
+    def broken(path, checkpoint_paths=()):
+        raise KeyError("rank")
+
+    monkeypatch.setattr(analyzer.api, "analyze", broken)
+    row = analyse_job(str(tmp_path))
+    assert row["status"] == STATUS_CRASHED
+    assert row["error"].startswith("KeyError: 'rank' (at test_scan.py:")
+
+
+def test_a_worker_that_dies_costs_only_its_own_job(tmp_path):
+    good = make_jobs(tmp_path / "night", 3)
+    _touch(tmp_path / "die" / "log.txt")
+    result = scan(find_jobs([tmp_path]), workers=2, task=dying_task)
+    rows = by_job(result.frame)
+    assert rows[str(tmp_path / "die")]["status"] == STATUS_CRASHED
+    assert rows[str(tmp_path / "die")]["error"] == WORKER_DIED
+    assert all(rows[str(g.path)]["status"] == STATUS_ANALYSED for g in good)
+
+
+def test_scan_and_fleet_are_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    assert "postmortem scan" in readme and "postmortem fleet" in readme
+
+
+def test_a_damaged_cache_costs_a_rescan_not_an_error(tmp_path):
+    from analyzer.scan import ScanCache
+
+    for text in ("{not json", '{"format": 1, "entries": []}', '{"format": 1, "entries": {"/j": 3}}'):
+        (tmp_path / "c.json").write_text(text)
+        assert ScanCache(tmp_path / "c.json").get("/j", "k") is None
