@@ -20,7 +20,7 @@ from analyzer.discover import DiscoveryError, InputFile, discover
 from analyzer.parse import parse_inputs
 from analyzer.rules import Rule, rules_by_id
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: optional job.host_facts and checkpoints
 MAX_EVIDENCE_LINES = 8
 
 _HANG_CATEGORIES = {"nccl_timeout", "rank_absent_from_collective", "collective_mismatch"}

@@ -71,9 +71,9 @@ def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoi
 
         if output:
             with output.open("w", encoding="utf-8") as fh:
-                render_text(report, Console(file=fh, width=160, no_color=True), all_inputs=all_inputs)
+                render_text(report, Console(file=fh, width=160, no_color=True, emoji=False), all_inputs=all_inputs)
         else:
-            render_text(report, Console(highlight=False), all_inputs=all_inputs)
+            render_text(report, Console(highlight=False, emoji=False), all_inputs=all_inputs)
     sys.exit(EXIT_NOTHING_FOUND if report["verdict"]["category"] == "none" else EXIT_FAILURE_FOUND)
 
 

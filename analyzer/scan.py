@@ -701,5 +701,5 @@ def summary_console() -> Console:
     """Standard output; wide enough for the tables when it is a file or a pipe (rich assumes 80)."""
     from rich.console import Console
 
-    console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=160)
+    console = Console(highlight=False, emoji=False)
+    return console if console.is_terminal else Console(highlight=False, emoji=False, width=160)

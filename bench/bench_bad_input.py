@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import io
 import json
 import subprocess
 import sys

@@ -134,6 +134,23 @@ def test_disk_error_makes_the_broken_checkpoint_a_symptom(tmp_path):
     assert "checkpoint-file-corrupt" not in by_rule
 
 
+def test_failed_resume_in_the_log_and_the_broken_file_agree(tmp_path):
+    """Case 026's story with the checkpoint present: the log's load error and the file's audit."""
+    log = (TRAIN_LOG + "Search for history checkpoints...\n"
+           "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory\n")
+    job = _job(tmp_path, log)
+    torch.save(training_state(100), job / "ckpt" / "step_100.pt")
+    torch.save(training_state(200), job / "ckpt" / "step_200.pt")
+    _truncate(job / "ckpt" / "step_200.pt")
+    report = analyze(job).report
+    assert report["verdict"]["category"] == "checkpoint_corruption"
+    by_rule = {f["rule_id"]: f for f in report["findings"]}
+    assert {"checkpoint-unreadable", "checkpoint-file-corrupt"} <= set(by_rule)
+    corrupt = by_rule["checkpoint-file-corrupt"]
+    assert [e["line"] for e in corrupt["evidence"]] == [5]  # the failed load, seen from the script
+    assert "Resume from ckpt/step_100.pt (step 100)" in corrupt["summary"]
+
+
 def test_dcp_finding_names_the_rank_whose_shard_is_missing(tmp_path):
     report = analyze(dcp_rank_shard_deleted(tmp_path)).report
     finding = next(f for f in report["findings"] if f["rule_id"] == "checkpoint-shards-missing")
@@ -146,6 +163,13 @@ def test_inexact_resume_is_a_warning_naming_what_is_missing(tmp_path):
     (finding,) = report["findings"]
     assert finding["severity"] == "warning"
     assert "lacks rng_python, rng_numpy, rng_torch, data_position" in finding["summary"]
+
+
+def test_inexact_resume_names_an_older_exact_checkpoint(tmp_path):
+    job = without_rng_and_sampler(tmp_path)
+    torch.save(training_state(50), job / "ckpt" / "step_50.pt")
+    (finding,) = analyze(job).report["findings"]
+    assert finding["summary"].endswith("ckpt/step_50.pt (step 50) is older but holds every component")
 
 
 def test_malicious_checkpoint_via_cli_runs_nothing(tmp_path):

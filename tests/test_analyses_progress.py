@@ -29,10 +29,9 @@ T0 = 1_796_050_641_000_000_000
 
 
 def _template() -> dict:
-    path = FR_DIR / "timeout-dump_TORCH_NCCL_DUMP_ON_TIMEOUT" / "nccl_trace_rank_0"
-    if not path.exists():
-        pytest.skip("shared/formats-samples not available")
-    return pickle.loads(path.read_bytes())  # our captured sample: trusted in tests
+    # A real 2.10 dump recorded in this repository (so these tests also run where shared/ is absent).
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "hang_uneven_data" / "job" / "fr" / "nccl_trace_rank_0"
+    return pickle.loads(path.read_bytes())  # recorded by this project: trusted in tests
 
 
 _TEMPLATE: dict | None = None
@@ -43,7 +42,7 @@ def make_dump(rank: int, entries: list[tuple], *, pgs: dict[str, list[int]], kee
     global _TEMPLATE
     if _TEMPLATE is None:
         _TEMPLATE = _template()
-    base = _TEMPLATE["entries"][0]
+    base = next(e for e in _TEMPLATE["entries"] if e["profiling_name"] == "nccl:all_reduce" and e["frames"])
     out, status = [], {}
     for record_id, (pg, seq, state, name, numel, t_ms) in enumerate(entries):
         entry = dict(base)
@@ -263,6 +262,7 @@ def test_uneven_data_barrier_against_gradient_allreduce():
     found = _one(_run(events_of(dumps)), MISMATCH)
     assert found["ranks"] == [1]
     assert "NumelIn 1049600 vs 1" in found["summary"] and "BARRIER" in found["summary"]
+    assert "diverged" not in found["summary"]  # identical shapes before the mismatch
     assert 0.4 <= found["confidence"] <= 0.6
 
 
@@ -276,6 +276,25 @@ def test_tie_goes_to_the_rank_that_advanced_further():
     }
     found = _one(_run(events_of(dumps)), MISMATCH)
     assert found["ranks"] == [1]
+
+
+def test_shift_after_a_skipped_collective_is_shown_where_it_began():
+    # Rank 1 skipped the 1-element token-count all_reduce of a step: at #10 its 0-d loss all_reduce
+    # paired with rank 0's token count (one element each, so NCCL did not notice); at #11 rank 0's
+    # loss met rank 1's gradient bucket and both hung.
+    history = [("0", s, "completed", "nccl:all_reduce", 1049600, s) for s in range(1, 10)]
+    dumps = {
+        0: make_dump(0, history + [("0", 10, "completed", "nccl:all_reduce", 1, 10), ("0", 11, "scheduled", "nccl:all_reduce", 1, 11)],
+                     pgs={"0": [0, 1]}),
+        1: make_dump(1, history + [("0", 10, "completed", "nccl:all_reduce", 1, 10)]
+                     + [("0", s, "scheduled", "nccl:all_reduce", 1049600, s) for s in (11, 12)], pgs={"0": [0, 1]}),
+    }
+    dumps[0]["entries"][-1].update(input_sizes=[[]], output_sizes=[[]])  # the loss: a 0-d tensor
+    dumps[1]["entries"][-3].update(input_sizes=[[]], output_sizes=[[]])
+    found = _one(_run(events_of(dumps)), MISMATCH)
+    assert found["ranks"] == [1]
+    assert found["summary"].startswith("pg 0 #11: ")
+    assert "already diverged at #10: rank 0 ALLREDUCE in=[[1]] vs rank 1 ALLREDUCE in=[[]]" in found["summary"]
 
 
 def test_equal_camps_without_a_tie_breaker_implicate_both():

@@ -148,3 +148,53 @@ def test_install_paths_do_not_split_clusters():
     rows = [_thread(0, WAITING), _thread(1, absolute), _thread(2, other_host)]
     clusters = stack_clusters(events_from_records(rows))
     assert clusters.height == 1 and clusters.row(0, named=True)["in_collective"]
+
+
+# --- stacks correlated with the progress matrix (Flight Recorder / watchdog) ------------------------
+
+ITEM_WAIT = "global_mean (train.py:30) <- main (train.py:120) <- <module> (train.py:130)"
+
+
+def _fr(rank, *, enq, done, waiting_op="nccl:all_reduce"):
+    """A rank's Flight Recorder view: pg_status plus, when it has work pending, the entry it waits in."""
+    rows = [{"kind": "fr.pg_status", "source": "flight_recorder", "rank": rank, "pg": "0", "last_enqueued": enq,
+             "last_completed": done, "file": f"fr/nccl_trace_rank_{rank}", "line": 0, "message": "pg 0 status"}]
+    rows.append({"kind": "fr.entry", "source": "flight_recorder", "rank": rank, "pg": "0", "seq": done, "op": "ALLREDUCE",
+                 "code": "completed", "file": f"fr/nccl_trace_rank_{rank}", "line": 1, "message": f"pg 0 #{done} ALLREDUCE"})
+    if enq > done:
+        rows.append({"kind": "fr.entry", "source": "flight_recorder", "rank": rank, "pg": "0", "seq": done + 1, "op": "ALLREDUCE",
+                     "code": "scheduled", "file": f"fr/nccl_trace_rank_{rank}", "line": 2, "message": f"pg 0 #{done + 1} ({waiting_op})"})
+    return rows
+
+
+def test_flight_recorder_places_an_item_wait_inside_the_collective():
+    # py-spy sees rank 0 in user code (blocked in `.item()` after its all_reduce); its dump shows it
+    # waiting in #20, while rank 1's dump has nothing pending and its stack is in data loading.
+    rows = [_thread(0, ITEM_WAIT, state="active"), _thread(1, SLEEPING)] + _fr(0, enq=22, done=19) + _fr(1, enq=19, done=19)
+    found = _run(rows).row(0, named=True)
+    assert found["ranks"] == [1]
+    assert found["summary"] == (
+        "rank 0: global_mean <- main (active; waiting in ALLREDUCE #20 per Flight Recorder); "
+        "rank 1: load_shard <- get_batch (idle; nothing pending per Flight Recorder/watchdog)"
+    )
+    assert found["confidence"] == 0.65  # one against one, confirmed by the dumps
+    events = events_from_records(rows)
+    cited = events.with_row_index("event_id").filter(pl.col("event_id").is_in(found["evidence"]))
+    assert {"pyspy/rank1.txt", "fr/nccl_trace_rank_1", "fr/nccl_trace_rank_0"} <= set(cited.get_column("file").to_list())
+
+
+def test_flight_recorder_clears_a_rank_that_only_looks_outside():
+    # Uneven data: rank 1 is in barrier(), rank 0 in `.item()` after the gradient all_reduce it is
+    # waiting in. Without the dumps rank 0 would be named; with them nobody is outside.
+    rows = [_thread(0, ITEM_WAIT, state="active"), _thread(1, WAITING.replace("all_reduce", "barrier"))]
+    assert _run(rows).row(0, named=True)["ranks"] == [0]
+    assert _run(rows + _fr(0, enq=31, done=28) + _fr(1, enq=29, done=28)).height == 0
+
+
+def test_one_stack_split_by_the_dumps():
+    rows = [_thread(r, ITEM_WAIT, state="active") for r in range(8)]
+    for r in range(8):
+        rows += _fr(r, enq=40 if r != 7 else 38, done=38)
+    found = _run(rows).row(0, named=True)
+    assert found["ranks"] == [7] and found["confidence"] >= 0.8
+    assert found["summary"].startswith("ranks 0-6: global_mean <- main (active; waiting in ALLREDUCE #39 per Flight Recorder); rank 7: global_mean")

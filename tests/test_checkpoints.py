@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from analyzer.checkpoints import COMPONENTS, audit, audit_file, classify_global, read_pickle_symbolically
+from analyzer.checkpoints import COMPONENTS, audit, classify_global, read_pickle_symbolically
 
 ALL_STATE = [c for c in COMPONENTS if c != "grad_scaler"]
 

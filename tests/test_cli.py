@@ -108,3 +108,10 @@ def test_every_command_is_in_the_readme():
     readme = (ROOT / "README.md").read_text()
     for command in ("analyze", "rules list", "rules explain", "rules test"):
         assert f"postmortem {command}" in readme
+
+
+def test_host_pid_text_is_not_turned_into_emoji(tmp_path):
+    (tmp_path / "x.log").write_text("host-a:100:107 [0] misc/socket.cc:1 NCCL WARN socketStartConnect: Connect to 10.0.0.2<4576> failed : Connection refused\n")
+    result = run("analyze", tmp_path)
+    assert "\U0001f4af" not in result.output
+    assert "host-a:100:107" in result.output

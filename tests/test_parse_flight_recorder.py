@@ -366,3 +366,66 @@ def test_big_group_membership_is_carried_by_its_first_two_ranks_only():
     assert status[500]["ranks_ref"] is None
     assert {s["nranks"] for s in status.values()} == {1000}
     assert status[500]["pg_rank"] == 500 and "(1000 ranks)" in status[500]["message"]
+
+
+# --- many dumps: parsed in worker processes, same result --------------------------------------------
+
+
+def _many_dumps(root: Path, n: int) -> None:
+    """n real recorded dumps (the rank is only in the name), a truncated one and a py-spy file among them."""
+    recorded = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "hang_uneven_data" / "job"
+    data = [(recorded / "fr" / f"nccl_trace_rank_{r}").read_bytes() for r in (0, 1)]
+    (root / "fr").mkdir(parents=True)
+    for rank in range(n):
+        (root / "fr" / f"nccl_trace_rank_{rank}").write_bytes(data[rank % 2])
+    (root / "fr" / "nccl_trace_rank_77").write_bytes(data[1][: len(data[1]) // 2])  # cut mid-stream
+    # A py-spy dump whose name sorts among the dumps: pooled runs are cut around it, order kept.
+    (root / "fr" / "nccl_trace_rank_5_pyspy.txt").write_bytes((recorded / "pyspy" / "rank1.txt").read_bytes())
+
+
+def _table(items) -> list[tuple]:
+    return [(i.path, i.format, i.status, i.reason, i.ranks) for i in items]
+
+
+def test_many_dumps_parse_the_same_in_worker_processes(tmp_path, monkeypatch):
+    import analyzer.parse as parse
+
+    _many_dumps(tmp_path, 150)
+    sequential = discover(tmp_path)
+    monkeypatch.setattr(parse, "POOL_MIN_DUMPS", 10**9)
+    expected = parse.parse_inputs(sequential)
+    pooled = discover(tmp_path)
+    monkeypatch.setattr(parse, "POOL_MIN_DUMPS", 100)
+    calls = []
+    real_run_pool = parse._run_pool
+    monkeypatch.setattr(parse, "_run_pool", lambda chunks, workers: calls.append(workers) or real_run_pool(chunks, workers))
+    got = parse.parse_inputs(pooled)
+    if parse._pool_workers(151) >= 2:
+        assert calls and calls[0] >= 2  # the pool was used
+    assert got.equals(expected)  # same events, same order: event ids do not depend on the cores
+    assert _table(pooled) == _table(sequential)
+    broken = next(i for i in pooled if i.path.endswith("_77"))
+    assert broken.status == "error" and "truncated" in broken.reason
+    stacks = next(i for i in pooled if i.path.endswith("_pyspy.txt"))
+    assert stacks.format == "pyspy_text" and stacks.status == "parsed" and stacks.ranks == [5]
+
+
+def test_a_pool_that_cannot_start_costs_time_not_inputs(tmp_path, monkeypatch):
+    import concurrent.futures
+
+    import analyzer.parse as parse
+
+    _many_dumps(tmp_path, 130)
+    expected_items = discover(tmp_path)
+    monkeypatch.setattr(parse, "POOL_MIN_DUMPS", 10**9)
+    expected = parse.parse_inputs(expected_items)
+
+    def no_processes(*args, **kwargs):
+        raise OSError("fork: Resource temporarily unavailable")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_processes)
+    monkeypatch.setattr(parse, "POOL_MIN_DUMPS", 100)
+    monkeypatch.setattr(parse, "_pool_workers", lambda n: 2)
+    items = discover(tmp_path)
+    assert parse.parse_inputs(items).equals(expected)
+    assert _table(items) == _table(expected_items)

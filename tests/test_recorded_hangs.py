@@ -34,6 +34,10 @@ def _truth(case: Path) -> dict:
 CASES = sorted(p.parent for p in RECORDED.glob("*/truth.toml") if _truth(p.parent)["category"] in HANG_CATEGORIES)
 
 
+def _files_under(case: Path, *subdirs: str) -> list[Path]:
+    return [p for sub in subdirs for p in (case / "job" / sub).glob("*") if p.is_file()]
+
+
 @cache
 def _report(case: Path) -> dict:
     return analyze(case / "job").report
@@ -62,7 +66,7 @@ def test_evidence_comes_from_dumps_or_stacks(case: Path):
     if not dump_files:
         # rank_raises: one agent killed the survivor a second after the crash, before any watchdog,
         # dump or py-spy; its verdict can only rest on log lines, and must still have some.
-        assert not (case / "job" / "fr").exists() and not (case / "job" / "pyspy").exists()
+        assert not _files_under(case, "fr", "pyspy")
         assert report["verdict"]["evidence"]
         return
     rules = rules_by_id()
@@ -92,8 +96,7 @@ def test_dumps_and_stacks_are_attributed_to_the_rank_in_their_name(case: Path):
         assert item["ranks"] == [int(match.group(1))], item
         assert item["status"] == "parsed", item
         checked += 1
-    on_disk = [p for sub in ("fr", "pyspy") for p in (case / "job" / sub).glob("*")] if (case / "job").exists() else []
-    assert checked == len(on_disk)
+    assert checked == len(_files_under(case, "fr", "pyspy"))
 
 
 def test_stacks_and_dumps_agree_on_who_is_outside():

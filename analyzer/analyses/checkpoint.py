@@ -12,6 +12,10 @@ kind of trouble, each naming the checkpoints concerned and the newest one to res
 - `checkpoint-broken-by-disk-error`: instead of the first two and leftovers when the logs report a
   failed write (the events the `disk-full-or-io-error` signature matches): the broken checkpoint
   is then a symptom of that disk error, which decide ranks as the cause.
+
+Evidence is what the logs say about the same checkpoints: lines naming them, the failed load the
+`checkpoint-unreadable` signature matches (for broken files and missing shards), the disk errors
+(for the link). The files themselves are described in the summary and in the report's table.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ RULE_INTERRUPTED = "checkpoint-save-interrupted"
 RULE_INEXACT = "checkpoint-resume-inexact"
 RULE_DISK = "checkpoint-broken-by-disk-error"
 DISK_RULE = "disk-full-or-io-error"  # the pattern signature whose events explain a broken save
+LOAD_FAILURE_RULE = "checkpoint-unreadable"  # the pattern signature of a failed load in the logs
 
 _RULE_OF_PROBLEM = {"corrupt": RULE_CORRUPT, "shards_missing": RULE_SHARDS, "unsafe": RULE_UNSAFE,
                     "interrupted": RULE_INTERRUPTED}
@@ -62,7 +67,8 @@ def checkpoint_audit(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             rows.append(_problem_finding(rule_id, subset, events, job, resume, table))
     inexact = table.filter(pl.col("newest_resumable") & ~pl.col("exact_resume"))
     if inexact.height:
-        rows.append(_inexact_finding(inexact.row(0, named=True)))
+        exact = table.filter(pl.col("exact_resume")).head(1).to_dicts()  # the table is newest first
+        rows.append(_inexact_finding(inexact.row(0, named=True), exact[0] if exact else None))
     return findings_frame(rows)
 
 
@@ -114,8 +120,13 @@ def _names_any(text: pl.Expr, names: list[str]) -> pl.Expr:
 
 
 def _disk_error_events(events: pl.DataFrame) -> pl.DataFrame:
-    rule = rules_by_id().get(DISK_RULE)
-    if rule is None or events.height == 0:
+    return _signature_events(events, DISK_RULE)
+
+
+def _signature_events(events: pl.DataFrame, rule_id: str) -> pl.DataFrame:
+    """The events a pattern signature matches (the same expression detect evaluates)."""
+    rule = rules_by_id().get(rule_id)
+    if rule is None or rule.analysis is not None or events.height == 0:
         return events.clear()
     return events.filter(rule.expression())
 
@@ -133,13 +144,19 @@ def _problem_finding(rule_id: str, subset: pl.DataFrame, events: pl.DataFrame, j
             pl.col("mtime") > newest.get_column("mtime")[0]).height
         if newer:
             summary += ". The interrupted save is newer than the newest complete checkpoint"
+    evidence = _mentions(events, subset)
+    if rule_id in (RULE_CORRUPT, RULE_SHARDS):
+        # The log's own failed load ("failed finding central directory", "zero checkpoints paths are
+        # missing") is this broken checkpoint seen from the training script.
+        failed_loads = _signature_events(events, LOAD_FAILURE_RULE).get_column("event_id").to_list()
+        evidence = _one_per_line(events.filter(pl.col("event_id").is_in(sorted({*evidence, *failed_loads}))))
     return finding(
         rule_id,
         ranks=ranks,
         hosts=hosts,
         confidence=_confidence(rule_id, 0.9),
         summary=f"{summary}. {resume}",
-        evidence=_mentions(events, subset),
+        evidence=evidence,
     )
 
 
@@ -163,7 +180,7 @@ def _disk_finding(linked: pl.DataFrame, disk_events: pl.DataFrame, events: pl.Da
     )
 
 
-def _inexact_finding(row: dict) -> dict:
+def _inexact_finding(row: dict, exact: dict | None) -> dict:
     missing = row["missing_components"]
     effects = []
     if any(m.startswith("rng_") for m in missing):
@@ -174,10 +191,11 @@ def _inexact_finding(row: dict) -> dict:
         effects.append("the optimizer / LR schedule restart")
     if "step" in missing:
         effects.append("the step count is unknown")
+    alternative = f". {_label(exact)} is older but holds every component" if exact else ""
     return finding(
         RULE_INEXACT,
         confidence=_confidence(RULE_INEXACT, 0.9),
         summary=f"{_label(row)}, the newest complete and readable checkpoint, lacks {', '.join(missing)}: the run "
                 f"resumes but not exactly where it stopped ({'; '.join(effects) or 'state differs'}; expect a jump "
-                "in the loss)",
+                f"in the loss){alternative}",
     )

@@ -291,15 +291,7 @@ def _transport_signals(events: pl.DataFrame, facts: HostFacts, job: JobContext) 
     )
     if pairs.height == 0:
         return []
-    # A host told NCCL it is several (NCCL_HOSTID) or that took P2P and SHM away uses NET on purpose.
-    deliberate = facts.hosts.filter(
-        ((pl.col("fact") == f"{ENV_PREFIX}NCCL_HOSTID") & (pl.col("value") != UNSET))
-        | (pl.col("fact").is_in([f"{ENV_PREFIX}NCCL_P2P_DISABLE", f"{ENV_PREFIX}NCCL_SHM_DISABLE"]) & (pl.col("value") == "1"))
-    ).group_by("host").agg(pl.col("fact"))
-    deliberate_hosts = {
-        host for host, names in deliberate.iter_rows()
-        if f"{ENV_PREFIX}NCCL_HOSTID" in names or len(names) == 2
-    }
+    deliberate_hosts = _deliberately_split_hosts(facts)
     out = []
     for host, group in pairs.filter(~pl.col("host").is_in(sorted(deliberate_hosts))).group_by("host", maintain_order=True):
         links = group.select("src", "dst", "family").unique().sort("src", "dst").head(4)
@@ -309,6 +301,18 @@ def _transport_signals(events: pl.DataFrame, facts: HostFacts, job: JobContext) 
                     f"NCCL connected ranks of this host over the network ({text})", ranks,
                     group.get_column("event_id").head(4).to_list()))
     return out
+
+
+def _deliberately_split_hosts(facts: HostFacts) -> set[str]:
+    """Hosts that told NCCL they are several (NCCL_HOSTID) or took P2P and SHM away: NET on purpose."""
+    deliberate = facts.hosts.filter(
+        ((pl.col("fact") == f"{ENV_PREFIX}NCCL_HOSTID") & (pl.col("value") != UNSET))
+        | (pl.col("fact").is_in([f"{ENV_PREFIX}NCCL_P2P_DISABLE", f"{ENV_PREFIX}NCCL_SHM_DISABLE"]) & (pl.col("value") == "1"))
+    ).group_by("host").agg(pl.col("fact"))
+    return {
+        host for host, names in deliberate.iter_rows()
+        if f"{ENV_PREFIX}NCCL_HOSTID" in names or len(names) == 2
+    }
 
 
 def _local_rank_signals(facts: HostFacts, job: JobContext) -> list[tuple[str, str, list[int], list[int]]]:
@@ -327,7 +331,7 @@ def _local_rank_signals(facts: HostFacts, job: JobContext) -> list[tuple[str, st
         world_nodes.group_by("host")
         .agg(pl.col("local").max(), pl.col("nnodes").max(), pl.col("event_id").min())
         .join(ranks_per_host, on="host", how="inner")
-        .filter(pl.col("ranks").list.len() > pl.col("local"))
+        .filter((pl.col("ranks").list.len() > pl.col("local")) & ~pl.col("host").is_in(sorted(_deliberately_split_hosts(facts))))
     )
     return [
         (host, f"{len(ranks)} ranks carry this name but NCCL counted {local} rank(s) per node ({nnodes} nodes)", ranks, [event_id])

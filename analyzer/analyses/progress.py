@@ -134,6 +134,7 @@ def _with_dtype_and_family(observations: pl.LazyFrame) -> pl.LazyFrame:
     # FR messages read "... in=[[1024]] Float out=...": the dtype follows the input sizes.
     return observations.with_columns(
         pl.col("message").str.extract(r" in=\S* (\S+)", 1).alias("dtype"),
+        pl.col("message").str.extract(r" in=(\S*) ", 1).alias("shape"),
         _family(pl.col("op")).alias("family"),
     ).drop("message")
 
@@ -335,6 +336,8 @@ def _absent_finding(stall: dict, earlier: list[dict], later: list[dict], alive: 
         confidence = 0.55 if share <= 0.1 else 0.4 if share < 0.5 else 0.25
         if not any(r in alive for r in silent):
             confidence -= 0.05
+        if len(silent) == 1 and len(wait_ranks) >= 3:
+            confidence = max(confidence, 0.5)  # every other rank waits at the same seq: they all point at it
     hosts = [job.rank_hosts[r] for r in culprits if r in job.rank_hosts]
     return finding(
         ABSENT_RULE,
@@ -463,13 +466,50 @@ def _mismatch_findings(observations: pl.LazyFrame, progress: pl.DataFrame, job: 
     if not per_rank.height:
         return []
     out = []
+    diverged = _silent_divergence(comparable, first)
     ordered = per_rank.group_by("pg").agg(pl.col("start_ts").min().alias("ts"), pl.col("seq").first()).sort("ts", "pg", nulls_last=True)
     for pg, seq in ordered.select("pg", "seq").iter_rows():  # one per PG with a mismatch
-        out.append(_mismatch_finding(per_rank.filter((pl.col("pg") == pg) & (pl.col("seq") == seq)), pg, seq, job))
+        found = _mismatch_finding(per_rank.filter((pl.col("pg") == pg) & (pl.col("seq") == seq)), pg, seq, job)
+        earlier = diverged.filter(pl.col("pg") == pg)
+        if earlier.height:
+            found["summary"] += "; " + _divergence_text(earlier)
+            found["evidence"] = sorted(set(found["evidence"]) | set(earlier.get_column("eid").head(MAX_EVIDENCE).to_list()))
+            found["first_event"] = found["evidence"][0]
+        out.append(found)
     if len(out) > 1:
         for extra in out[1:]:
             extra["confidence"] = round(extra["confidence"] * 0.8, 3)  # later PGs: likely knock-on effects
     return out
+
+
+def _silent_divergence(comparable: pl.LazyFrame, first: pl.LazyFrame) -> pl.DataFrame:
+    """Per PG, the earliest seq before its mismatch where the ranks ran the same op with the same
+    element count but tensors of different shapes (in=[[1]] vs in=[[]]): NCCL compares only counts
+    and exchanged them without complaint, but the ranks were already at different call sites (a
+    skipped collective shifts every later one). Columns: pg, seq, rank, op, shape, eid."""
+    shaped = (
+        comparable.filter(pl.col("shape").is_not_null() & (pl.col("src") == "fr"))
+        .join(first.rename({"seq": "_mismatch"}), on="pg", how="inner")
+        .filter(pl.col("seq") < pl.col("_mismatch"))
+    )
+    per_rank = shaped.group_by("pg", "seq", "rank").agg(
+        pl.col("shape").n_unique().alias("_n"), pl.col("shape").first(), pl.col("op").first(), pl.col("event_id").min().alias("eid")
+    )
+    seqs = (
+        per_rank.group_by("pg", "seq")
+        .agg((pl.col("_n") > 1).any().alias("_ambiguous"), pl.col("shape").n_unique().alias("_shapes"))
+        .filter(~pl.col("_ambiguous") & (pl.col("_shapes") > 1))
+        .group_by("pg")
+        .agg(pl.col("seq").min())
+    )
+    return per_rank.join(seqs, on=["pg", "seq"], how="semi").select("pg", "seq", "rank", "op", "shape", "eid").sort("rank").collect()
+
+
+def _divergence_text(rows: pl.DataFrame) -> str:
+    seq = rows.get_column("seq")[0]
+    camps = rows.group_by("shape", "op").agg(pl.col("rank").sort()).sort(pl.col("rank").list.len(), "shape", descending=[True, False])
+    sides = " vs ".join(f"{_ranks_label(r['rank'])} {r['op']} in={r['shape']}" for r in camps.iter_rows(named=True))
+    return f"the sequences had already diverged at #{seq}: {sides} (equal element counts, exchanged silently)"
 
 
 def _mismatch_finding(rows: pl.DataFrame, pg: str, seq: int, job: JobContext) -> dict:

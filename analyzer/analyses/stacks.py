@@ -56,7 +56,9 @@ _NOISE = ["wrapper", "inner", "decorate_context", "_call_impl", "_wrapped_call_i
 @register("stack_clustering")
 def stack_clustering(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     """A finding when a minority of ranks sits outside every collective while the rest wait in one."""
-    clusters = stack_clusters(events, progress=_progress_of_stacked_ranks(events))
+    # Clusters are told apart by row, not signature: one stack can form two clusters when the
+    # progress matrix puts some of its ranks inside a collective and the others outside.
+    clusters = stack_clusters(events, progress=_progress_of_stacked_ranks(events)).with_row_index("_cluster")
     if clusters.height < 2:
         return findings_frame([])
     inside = clusters.filter(pl.col("in_collective"))
@@ -69,7 +71,7 @@ def stack_clustering(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         if outside.get_column("idle_confirmed").all():
             # Two independent sources agree: the stack is elsewhere and the rank's own Flight
             # Recorder / watchdog status has no collective pending.
-            confidence += 0.15
+            confidence = min(confidence + 0.15, 0.9)
         note = ""
     elif not n_in:
         # No stack shows a collective (py-spy without --native cannot see a C-level wait such as
@@ -81,7 +83,7 @@ def stack_clustering(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         note = " (no collective frame visible in any stack; capture with py-spy --native to confirm)"
     else:
         return findings_frame([])
-    majority = clusters.filter(~pl.col("signature").is_in(culprit_clusters.get_column("signature").implode()))
+    majority = clusters.filter(~pl.col("_cluster").is_in(culprit_clusters.get_column("_cluster").implode()))
     culprit_ranks = sorted({r for ranks in culprit_clusters.get_column("ranks").to_list() for r in ranks})
     shown = list(majority.head(3).iter_rows(named=True)) + list(culprit_clusters.head(3).iter_rows(named=True))
     summary = "; ".join(f"{_members_label(c)}: {c['label']} ({c['state']})" for c in shown)

@@ -22,6 +22,15 @@ GRAMMAR_STARTS: dict[str, tuple[str, ...]] = {
 }
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _int(token) -> int | None:
+    """An integer field, or None when it cannot be one (a corrupted line's 30-digit 'sequence number')."""
+    value = int(token)
+    return value if -_INT64_MAX <= value <= _INT64_MAX else None
+
+
 class FieldsTransformer(Transformer):
     """Turns every grammar's rules into flat dicts of fields (one transformer serves all grammars)."""
 
@@ -30,31 +39,31 @@ class FieldsTransformer(Transformer):
         return _merge(items)
 
     def seq(self, items):
-        return {"seq": int(items[0])}
+        return {"seq": _int(items[0])}
 
     def op(self, items):
         return {"op": str(items[0])}
 
     def numel_in(self, items):
-        return {"numel_in": int(items[0])}
+        return {"numel_in": _int(items[0])}
 
     def numel_out(self, items):
-        return {"numel_out": int(items[0])}
+        return {"numel_out": _int(items[0])}
 
     def timeout_ms(self, items):
-        return {"timeout_ms": int(items[0])}
+        return {"timeout_ms": _int(items[0])}
 
     def elided(self, _items):
         return {}
 
     # c10d: process-group status
     def status_seq(self, items):
-        ints = [int(t) for t in items if isinstance(t, Token) and t.type == "SIGNED_INT"]
+        ints = [_int(t) for t in items if isinstance(t, Token) and t.type == "SIGNED_INT"]
         return {"seq": ints[0], "last_enqueued": ints[1], "last_completed": ints[2]}
 
     def status_dump(self, items):
         origin = next((i for i in items if isinstance(i, dict)), {})
-        ints = [int(t) for t in items if isinstance(t, Token) and t.type == "SIGNED_INT"]
+        ints = [_int(t) for t in items if isinstance(t, Token) and t.type == "SIGNED_INT"]
         return {**origin, "last_enqueued": ints[0], "last_completed": ints[1]}
 
     def pg_status(self, items):
@@ -64,7 +73,7 @@ class FieldsTransformer(Transformer):
         return {"dump_from": "self"}
 
     def origin_rank(self, items):
-        return {"dump_from": int(items[0])}
+        return {"dump_from": _int(items[0])}
 
     def old_status_head(self, _items):
         return None
@@ -76,10 +85,10 @@ class FieldsTransformer(Transformer):
         return fields
 
     def status_code(self, items):
-        return {"status": int(items[0])}
+        return {"status": _int(items[0])}
 
     def status_named(self, items):
-        return {"status": int(items[1]), "status_name": str(items[0])}
+        return {"status": _int(items[1]), "status_name": str(items[0])}
 
     def ib_async(self, items):
         device = next((str(t) for t in items if isinstance(t, Token) and t.type == "DEVICE_PORT"), None)
@@ -93,7 +102,7 @@ class FieldsTransformer(Transformer):
         return {"peer": f"{items[1]}<{items[2]}>"}
 
     def duplicate_gpu(self, items):
-        return {"ranks": [int(items[0]), int(items[1])], "bus_id": str(items[2])}
+        return {"ranks": [_int(items[0]), _int(items[1])], "bus_id": str(items[2])}
 
     def cuda_failure(self, items):
         return {"cuda_error": str(items[-1]).strip("'")}
@@ -109,10 +118,10 @@ class FieldsTransformer(Transformer):
         return {"host": str(items[0]).strip()}
 
     def rank(self, items):
-        return {"rank": int(items[0]), "local_rank": int(items[1])}
+        return {"rank": _int(items[0]), "local_rank": _int(items[1])}
 
     def exitcode(self, items):
-        fields = {"exitcode": int(items[0]), "pid": int(items[1])}
+        fields = {"exitcode": _int(items[0]), "pid": _int(items[1])}
         if len(items) > 2:
             fields["signal"] = str(items[2])
         return fields

@@ -107,14 +107,14 @@ def peel_prefixes(lines: pl.DataFrame) -> pl.DataFrame:
 
 
 def _peel_host_labels(frame: pl.DataFrame) -> pl.DataFrame:
+    """Trust `host: ` labels per file: a batch mixes files with and without a launcher's labels."""
     candidate = pl.col("body").str.extract(_HOST_LABEL, 1)
     frame = frame.with_columns(candidate.alias("label_host"))
-    non_empty = frame.filter(pl.col("body").str.len_chars() > 0).height
-    labelled = frame.filter(pl.col("label_host").is_not_null()).height
-    distinct_names = frame.get_column("label_host").n_unique()
-    trusted = non_empty and labelled / non_empty >= _HOST_LABEL_MIN_SHARE and distinct_names <= 4096
-    if not trusted:
-        return frame.with_columns(pl.lit(None, dtype=pl.String).alias("label_host"))
+    non_empty = (pl.col("body").str.len_chars() > 0).sum().over("file")
+    labelled = pl.col("label_host").is_not_null().sum().over("file")
+    distinct_names = pl.col("label_host").n_unique().over("file")
+    trusted = (labelled >= non_empty * _HOST_LABEL_MIN_SHARE) & (non_empty > 0) & (distinct_names <= 4096)
+    frame = frame.with_columns(pl.when(trusted).then(pl.col("label_host")).alias("label_host"))
     return frame.with_columns(
         pl.when(pl.col("label_host").is_not_null())
         .then(pl.col("body").str.slice(pl.col("label_host").str.len_chars() + 2))

@@ -338,7 +338,7 @@ def timeline_notes(timeline: Timeline) -> list[str]:
                      "Expand a folded lane with its button below or by clicking one of its markers.")
     thinned = f"At most {stats['per_class_cap']} markers per lane and kind are drawn (evenly thinned; evidence always drawn)"
     if stats["folded_units"]:
-        thinned += f"; an expanded fold shows each rank's first, middle and last marker of each kind"
+        thinned += "; an expanded fold shows each rank's first, middle and last marker of each kind"
     notes.append(thinned + ". Hover a marker for its log line; the culprit's lane is shaded red.")
     return notes
 

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _escape_markup
 from rich.table import Table
+
+_CONTROL = {c: "\ufffd" for c in (*range(0, 9), *range(11, 32), 127)}
+
+
+def escape(text: str) -> str:
+    """Log text is data: rich markup is escaped and terminal control characters (ESC, OSC) removed."""
+    return _escape_markup(str(text).translate(_CONTROL))
+
 
 _CONFIDENCE_WORDS = ((0.85, "high"), (0.6, "medium"), (0.0, "low"))
 
