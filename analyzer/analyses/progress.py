@@ -782,19 +782,9 @@ def ranks_label(ranks: Iterable[int]) -> str:
 
 def compress_ranks(ranks: Sequence[int]) -> str:
     """Sorted unique ints -> "0,2-63" (runs collapsed)."""
-    parts: list[str] = []
-    start = prev = None
-    for rank in ranks:
-        if start is None:
-            start = prev = rank
-        elif rank == prev + 1:
-            prev = rank
-        else:
-            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = rank
-    if start is not None:
-        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
+    from analyzer.detect import format_ranks  # detect imports the analysis registry at load time
+
+    return format_ranks(list(ranks))
 
 
 _ranks_label = ranks_label
