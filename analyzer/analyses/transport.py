@@ -104,16 +104,16 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     forcing = env.filter(pl.col("var").is_in(_NET_FORCING) & (pl.col("value") != "0"))
     if over_net.height and forcing.height:
         rows.append(
-            finding(
+            _link_finding(
                 "transport-intra-node-network",
-                ranks=_ranks_of(over_net),
-                hosts=over_net.get_column("host").drop_nulls().unique().to_list(),
+                over_net,
                 confidence=0.8,
                 summary=(
                     f"ranks on the same machine exchange data through the network stack ({_links_text(over_net)}) instead of "
                     f"NVLink/PCIe peer access or shared memory, because {_settings(forcing)}"
                 ),
-                evidence=(forcing.get_column("event_id").head(4).to_list() + over_net.get_column("event_id").head(8).to_list()),
+                cause_evidence=forcing.get_column("event_id").head(4).to_list(),
+                link_evidence=8,
             )
         )
 
@@ -124,16 +124,16 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     )
     if over_shm.height and p2p_off.height:
         rows.append(
-            finding(
+            _link_finding(
                 "transport-intra-node-shm",
-                ranks=_ranks_of(over_shm),
-                hosts=over_shm.get_column("host").drop_nulls().unique().to_list(),
+                over_shm,
                 confidence=0.75,
                 summary=(
                     f"ranks on the same machine exchange data through host shared memory ({_links_text(over_shm)}) "
                     f"instead of GPU peer-to-peer (NVLink/PCIe), because {_settings(p2p_off)}"
                 ),
-                evidence=p2p_off.get_column("event_id").head(4).to_list() + over_shm.get_column("event_id").head(8).to_list(),
+                cause_evidence=p2p_off.get_column("event_id").head(4).to_list(),
+                link_evidence=8,
             )
         )
 
@@ -175,18 +175,32 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     gdr_env = env.filter(pl.col("var").is_in(["NCCL_NET_GDR_LEVEL", "NCCL_GDR_LEVEL"]) & pl.col("value").str.to_uppercase().is_in(["0", "LOC"]))
     if ib_pairs.height and not ib_pairs.get_column("gdr").any() and (gdr_off.height or gdr_env.height):
         rows.append(
-            finding(
+            _link_finding(
                 "transport-gdr-disabled",
-                ranks=_ranks_of(ib_pairs),
-                hosts=ib_pairs.get_column("host").drop_nulls().unique().to_list(),
+                ib_pairs,
                 confidence=0.65,
                 summary=(
                     f"inter-node traffic uses InfiniBand without GPUDirect RDMA ({_links_text(ib_pairs)}; no GDRDMA link), so every "
                     "transfer is staged through host memory"
                     + (f"; {_settings(gdr_env)}" if gdr_env.height else "")
                 ),
-                evidence=gdr_env.get_column("event_id").head(2).to_list() + gdr_off.get_column("event_id").head(4).to_list()
-                + ib_pairs.get_column("event_id").head(6).to_list(),
+                cause_evidence=gdr_env.get_column("event_id").head(2).to_list() + gdr_off.get_column("event_id").head(4).to_list(),
+                link_evidence=6,
             )
         )
     return findings_frame(rows)
+
+
+def _link_finding(
+    rule_id: str, links: pl.DataFrame, *, confidence: float, summary: str, cause_evidence: list[int], link_evidence: int
+) -> dict:
+    """A finding about transport links: culprits are the links' ranks and hosts; the settings that
+    explain them come first in the evidence, then the channel lines themselves."""
+    return finding(
+        rule_id,
+        ranks=_ranks_of(links),
+        hosts=links.get_column("host").drop_nulls().unique().to_list(),
+        confidence=confidence,
+        summary=summary,
+        evidence=cause_evidence + links.get_column("event_id").head(link_evidence).to_list(),
+    )
