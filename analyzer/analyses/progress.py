@@ -191,7 +191,8 @@ def progress_table(observations: pl.DataFrame | pl.LazyFrame, status: pl.DataFra
         .select("pg", "rank", "seq", "op", "start_ts", "timeout_ms", "event_id")
         .join(joined.lazy().select("pg", "rank", "done"), on=["pg", "rank"], how="left")
         .filter(pl.col("seq") > pl.col("done").fill_null(-1))
-        .sort("seq")
+        # Ties (a watchdog repeats its timeout line) go to the earliest line, so reports are deterministic.
+        .sort("seq", "event_id")
         .group_by("pg", "rank", maintain_order=True)
         .first()
         .select(
