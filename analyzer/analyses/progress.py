@@ -188,11 +188,12 @@ def progress_table(observations: pl.DataFrame | pl.LazyFrame, status: pl.DataFra
     # The unfinished entry each rank waits in: only a handful of rows per rank are not completed.
     waiting = (
         observations.filter(pl.col("state").is_in(WAITING_STATES))
-        .select("pg", "rank", "seq", "op", "start_ts", "timeout_ms", "event_id")
+        .select("pg", "rank", "seq", "op", "start_ts", "timeout_ms", "event_id", (pl.col("src") != "fr").alias("not_dump"))
         .join(joined.lazy().select("pg", "rank", "done"), on=["pg", "rank"], how="left")
         .filter(pl.col("seq") > pl.col("done").fill_null(-1))
-        # Ties (a watchdog repeats its timeout line) go to the earliest line, so reports are deterministic.
-        .sort("seq", "event_id")
+        # At the same seq the dump entry (op, sizes, stack) beats a watchdog line, then the earliest
+        # line: a watchdog repeats its timeout, and the pick must not depend on row order.
+        .sort("seq", "not_dump", "event_id")
         .group_by("pg", "rank", maintain_order=True)
         .first()
         .select(
