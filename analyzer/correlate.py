@@ -78,7 +78,7 @@ def _ranks_from_pids(events: pl.DataFrame) -> pl.DataFrame:
         known = pl.concat([comm, known.filter(pl.col("kind") != "nccl.comm_init")])
     pid_map = (
         known.group_by("host", "pid")
-        .agg(pl.col("rank").mode().first().alias("pid_rank"))
+        .agg(pl.col("rank").mode().sort().first().alias("pid_rank"))
         .filter(pl.col("pid_rank").is_not_null())
     )
     return (
@@ -107,15 +107,27 @@ def _ranks_from_single_rank_files(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+# torchrun's failure table names the host by `socket.getfqdn()`, often `localhost` where NCCL's
+# `gethostname()` gives the machine's name: a loopback name is no second machine.
+_LOOPBACK_NAMES = ["localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "127.0.0.1", "::1"]
+
+
 def _hosts_from_ranks(events: pl.DataFrame) -> pl.DataFrame:
+    """Events without a host (or with a loopback name) take the host their rank's other events name."""
+    is_loopback = pl.col("host").str.to_lowercase().is_in(_LOOPBACK_NAMES)
     rank_host = (
-        events.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
+        events.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null() & ~is_loopback)
         .group_by("rank")
-        .agg(pl.col("host").mode().first().alias("rank_host"))
+        .agg(pl.col("host").mode().sort().first().alias("rank_host"))
     )
     return (
         events.join(rank_host, on="rank", how="left")
-        .with_columns(pl.coalesce("host", "rank_host").alias("host"))
+        .with_columns(
+            pl.when(pl.col("host").is_null() | (is_loopback & pl.col("rank_host").is_not_null()))
+            .then(pl.col("rank_host"))
+            .otherwise(pl.col("host"))
+            .alias("host")
+        )
         .drop("rank_host")
     )
 
@@ -128,7 +140,7 @@ def _facts(events: pl.DataFrame) -> JobFacts:
     rank_hosts = dict(
         events.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null())
         .group_by("rank")
-        .agg(pl.col("host").mode().first())
+        .agg(pl.col("host").mode().sort().first())
         .iter_rows()
     )
     versions = (

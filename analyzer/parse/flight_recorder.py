@@ -111,7 +111,7 @@ def parse_flight_recorder(item: InputFile, doc: object | None = None) -> tuple[p
     info.update(summary)
     if rank is None:
         info["status"] = "partial"
-        info["reason"] = "rank unknown: the file name carries no rank number"
+        info["reason"] = "; ".join(filter(None, [info["reason"], "rank unknown: the file name carries no rank number"]))
     return events, info
 
 
@@ -150,6 +150,7 @@ def decode_dump(data: bytes, fmt: str = "") -> object:
 
 def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple[pl.DataFrame, dict]:
     """Canonical events of one decoded dump (see the module docstring for the layouts accepted)."""
+    ignored: list[str] = []
     if isinstance(doc, list):
         if doc and not any(isinstance(e, Mapping) and ("profiling_name" in e or "seq_id" in e) for e in doc[:16]):
             raise FlightRecorderError("not a Flight Recorder dump: a list without collective entries")
@@ -159,8 +160,8 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
             raise FlightRecorderError("not a Flight Recorder dump: no entries, pg_config or version key")
         version = _text(doc.get("version"))
         entries = doc.get("entries") or []
-        pg_config = doc.get("pg_config") or {}
-        pg_status = doc.get("pg_status") or {}
+        pg_config = _mapping_field(doc, "pg_config", ignored)
+        pg_status = _mapping_field(doc, "pg_status", ignored)
         comm_version = _text(doc.get("comm_lib_version") or doc.get("nccl_version"))
     else:
         raise FlightRecorderError(f"not a Flight Recorder dump: top level is {type(doc).__name__}")
@@ -178,8 +179,8 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
         key=_pg_sort_key,
     )
     summary = {
-        "status": "parsed",
-        "reason": "",
+        "status": "partial" if ignored else "parsed",
+        "reason": "; ".join(ignored),
         "version": version,
         "comm_lib_version": comm_version,
         "rank": rank,
@@ -190,6 +191,16 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
         "pg_sizes": {pg: len(ranks) for pg, ranks in members.items()},
     }
     return events, summary
+
+
+def _mapping_field(doc: Mapping, key: str, ignored: list[str]) -> Mapping:
+    """A per-PG table of the dump; one of another type is noted and dropped, the entries still count."""
+    value = doc.get(key)
+    if isinstance(value, Mapping):
+        return value
+    if value:
+        ignored.append(f"'{key}' is a {type(value).__name__}, not a mapping: ignored")
+    return {}
 
 
 # A hang is decided by the last collectives of each process group; a full ring buffer (thousands of

@@ -1,0 +1,46 @@
+"""Correlate: ranks and hosts attributed from the strongest source, deterministically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analyzer.api import analyze
+from analyzer.correlate import correlate
+from analyzer.events import events_from_records
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _event(line, **fields):
+    return {"file": "console.log", "line": line, "source": "text", "kind": "log.line", "message": "", "text": "", **fields}
+
+
+def test_torchrun_loopback_host_is_the_ranks_machine():
+    events = events_from_records([
+        _event(1, host="gpu-node-7", pid=995, rank=0),
+        _event(2, host="gpu-node-7", pid=996, rank=1),
+        _event(3, host="localhost", pid=996, rank=1, source="torchrun", kind="torchrun.failure"),
+    ])
+    attributed, facts = correlate(events, [])
+    assert facts.hosts == ["gpu-node-7"]
+    assert attributed.filter(attributed["line"] == 3).get_column("host").to_list() == ["gpu-node-7"]
+
+
+def test_loopback_is_kept_when_nothing_else_names_the_machine():
+    events = events_from_records([_event(1, host="localhost", rank=0, source="torchrun", kind="torchrun.failure")])
+    assert correlate(events, [])[1].hosts == ["localhost"]
+
+
+def test_recorded_single_host_crash_has_one_host():
+    """torchrun's table says `host : localhost`, NCCL says `vm`: one machine."""
+    report = analyze(ROOT / "fixtures" / "recorded" / "rank_raises").report
+    assert report["job"]["hosts"] == ["vm"]
+    assert report["verdict"]["culprit_hosts"] == ["vm"]
+
+
+def test_a_tie_between_hosts_of_one_rank_is_broken_by_name():
+    rows = [_event(1, host="b-node", rank=0), _event(2, host="a-node", rank=0), _event(3, rank=0)]
+    for order in (rows, rows[::-1]):
+        attributed, facts = correlate(events_from_records(order), [])
+        assert facts.rank_hosts == {0: "a-node"}
+        assert attributed.filter(attributed["line"] == 3).get_column("host").to_list() == ["a-node"]
