@@ -10,7 +10,8 @@ DIR what `postmortem analyze` reads:
   dump triggered through the rank's TORCH_NCCL_DEBUG_INFO_PIPE_FILE pipe). The `rank<R>` in the
   name is what discovery attributes the rank from; a process whose rank is unknown is `pid<P>`;
 - node context, where the tools exist: `node.nvidia-smi-q.txt`, `node.nvidia-smi-topo.txt`,
-  `node.dmesg.txt` (kernel messages since the job started), `node.ibstat.txt`;
+  `node.nvidia-smi-nvlink.txt`, `node.dmesg.txt` (kernel messages since the job started),
+  `node.ibstat.txt`;
 - `manifest.json`: what was selected and why, each rank's pid, rank source, NCCL/TORCH
   environment, and every call's outcome with the reason when it failed (tool missing, ptrace
   denied, process exited mid-capture, timed out).
@@ -733,6 +734,7 @@ def _read_capped(path: Path, limit: int) -> bytes:
 _NODE_TOOLS = (
     ("nvidia-smi-q", ["nvidia-smi", "-q"], "node.nvidia-smi-q.txt"),
     ("nvidia-smi-topo", ["nvidia-smi", "topo", "-m"], "node.nvidia-smi-topo.txt"),
+    ("nvidia-smi-nvlink", ["nvidia-smi", "nvlink", "-s"], "node.nvidia-smi-nvlink.txt"),
     ("ibstat", ["ibstat"], "node.ibstat.txt"),
 )
 

@@ -42,6 +42,7 @@ def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFra
     events = _ranks_from_pids(events)
     events = _ranks_from_single_rank_files(events)
     events = _hosts_from_ranks(events)
+    events = _hosts_from_files(events)
     # Joins do not keep row order; event ids must be stable for deterministic reports.
     events = events.sort(["file", "line", "kind"], nulls_last=True, maintain_order=True)
     events = events.with_row_index("event_id").with_columns(pl.col("event_id").cast(pl.Int64))
@@ -129,6 +130,49 @@ def _hosts_from_ranks(events: pl.DataFrame) -> pl.DataFrame:
             .alias("host")
         )
         .drop("rank_host")
+    )
+
+
+def _hosts_from_files(events: pl.DataFrame) -> pl.DataFrame:
+    """A host-less line (an nvidia-smi table, a print) belongs to its file's only host, else to the
+    only host of its directory (a capture's `node.nvidia-smi-q.txt` beside its manifest), else to
+    the host that names the file's directory or file name (`node-a/nvidia-smi.txt`)."""
+    if events.filter(pl.col("host").is_null()).height == 0:
+        return events
+    with_host = events.filter(pl.col("host").is_not_null())
+    file_host = (
+        with_host.group_by("file")
+        .agg(pl.col("host").unique().alias("hosts"))
+        .filter(pl.col("hosts").list.len() == 1)
+        .select("file", pl.col("hosts").list.first().alias("file_host"))
+    )
+    directory = pl.col("file").str.replace(r"[^/]*$", "")
+    dir_host = (
+        with_host.group_by(directory.alias("directory"))
+        .agg(pl.col("host").unique().alias("hosts"))
+        .filter(pl.col("hosts").list.len() == 1)
+        .select("directory", pl.col("hosts").list.first().alias("dir_host"))
+    )
+    known = with_host.select(pl.col("host").unique().alias("path_host"))
+    path_host = (
+        events.filter(pl.col("host").is_null())
+        .select("file")
+        .unique()
+        .with_columns(pl.col("file").str.extract_all(r"[^/]+").list.concat(pl.col("file").str.extract_all(r"[^/._]+")).alias("part"))
+        .explode("part")
+        .join(known, left_on="part", right_on="path_host", how="inner")
+        .group_by("file")
+        .agg(pl.col("part").unique().alias("hosts"))
+        .filter(pl.col("hosts").list.len() == 1)
+        .select("file", pl.col("hosts").list.first().alias("path_host"))
+    )
+    return (
+        events.with_columns(directory.alias("directory"))
+        .join(file_host, on="file", how="left")
+        .join(dir_host, on="directory", how="left")
+        .join(path_host, on="file", how="left")
+        .with_columns(pl.coalesce("host", "file_host", "dir_host", "path_host").alias("host"))
+        .drop("directory", "file_host", "dir_host", "path_host")
     )
 
 

@@ -129,7 +129,6 @@ def observations(events: pl.DataFrame) -> pl.DataFrame:
         ~pl.col("kind").is_in([*_NCCL_FACT_KINDS, "nccl.comm_init", "nccl.comm_teardown", "nccl.error_chain"])
         & pl.col("message").str.contains(_TEXT_HINT)
     )
-    text = _attribute_hosts(text, events)
     frames = [
         *_nccl_observations(nccl),
         *_text_observations(text),
@@ -256,49 +255,6 @@ def _torch_env_observations(text: pl.DataFrame) -> pl.DataFrame:
         pl.col("pair").str.extract(r": (\S+)$").alias("value"),
         pl.lit(0, dtype=pl.Int64).alias("prio"),
         pl.lit("c10d_env").alias("src"),
-    )
-
-
-def _attribute_hosts(frame: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
-    """A host-less line (an nvidia-smi table, a print) belongs to its file's only host, else to the
-    only host of its directory (a capture's `node.nvidia-smi-q.txt` beside its manifest), else to
-    the host that names the file's directory or file name (`node-a/nvidia-smi.txt`)."""
-    if frame.filter(pl.col("host").is_null()).height == 0:
-        return frame
-    with_host = events.filter(pl.col("host").is_not_null())
-    file_host = (
-        with_host.group_by("file")
-        .agg(pl.col("host").unique().alias("hosts"))
-        .filter(pl.col("hosts").list.len() == 1)
-        .select("file", pl.col("hosts").list.first().alias("file_host"))
-    )
-    directory = pl.col("file").str.replace(r"[^/]*$", "")
-    dir_host = (
-        with_host.group_by(directory.alias("directory"))
-        .agg(pl.col("host").unique().alias("hosts"))
-        .filter(pl.col("hosts").list.len() == 1)
-        .select("directory", pl.col("hosts").list.first().alias("dir_host"))
-    )
-    known = with_host.select(pl.col("host").unique().alias("path_host"))
-    path_host = (
-        frame.filter(pl.col("host").is_null())
-        .select("file")
-        .unique()
-        .with_columns(pl.col("file").str.extract_all(r"[^/]+").list.concat(pl.col("file").str.extract_all(r"[^/._]+")).alias("part"))
-        .explode("part")
-        .join(known, left_on="part", right_on="path_host", how="inner")
-        .group_by("file")
-        .agg(pl.col("part").unique().alias("hosts"))
-        .filter(pl.col("hosts").list.len() == 1)
-        .select("file", pl.col("hosts").list.first().alias("path_host"))
-    )
-    return (
-        frame.with_columns(directory.alias("directory"))
-        .join(file_host, on="file", how="left")
-        .join(dir_host, on="directory", how="left")
-        .join(path_host, on="file", how="left")
-        .with_columns(pl.coalesce("host", "file_host", "dir_host", "path_host").alias("host"))
-        .drop("directory", "file_host", "dir_host", "path_host")
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 from analyzer.analyses import JobContext
 from analyzer.analyses.environment import env_drift, gpu_heterogeneity, identical_hostnames, nccl_stack_drift
 from analyzer.api import analyze
+from analyzer.correlate import correlate
 from tests.driftgen import build
 from tests.test_hostfacts import nccl_process, records, write_job
 
@@ -224,7 +225,7 @@ def _gpu_job(oom_host="v100", bf16_host=None):
         if host == bf16_host:
             rows.append({"file": f"{host}/train.log", "host": host, "rank": rank, "kind": "traceback.exception",
                          "message": "RuntimeError: Current CUDA Device does not support bfloat16. Please switch dtype to float16."})
-    return records(rows)
+    return correlate(records(rows).drop("event_id"), [])[0]  # the nvidia-smi files' hosts come from their directories
 
 
 def test_oom_on_the_smallest_cards_of_a_mixed_pool():

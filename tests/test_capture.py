@@ -132,7 +132,7 @@ def test_capture_then_analyze_names_the_hung_rank(hung_job):
     assert "all_reduce" in (out / "rank0.pyspy.txt").read_text()
     # Node context: each tool either saved its output or has its reason (no GPU / IB tools on CI).
     node = {r["call"]: r for r in manifest["node"]}
-    assert set(node) == {"nvidia-smi-q", "nvidia-smi-topo", "ibstat", "dmesg"}
+    assert set(node) == {"nvidia-smi-q", "nvidia-smi-topo", "nvidia-smi-nvlink", "ibstat", "dmesg"}
     for record in node.values():
         assert (record["status"] == "ok" and (out / record["file"]).is_file()) or record["reason"]
 

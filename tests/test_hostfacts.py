@@ -14,6 +14,7 @@ from analyzer.hostfacts import (
     observations,
     transport_pairs,
 )
+from analyzer.correlate import correlate
 from tests.driftgen import build
 
 
@@ -140,8 +141,9 @@ def test_gpu_facts_from_nvidia_smi_torch_and_oom_lines():
          "message": "rank 2 device 0: _CudaDeviceProperties(name='Tesla V100-SXM2-32GB', major=7, minor=0, total_memory=32494MB, multi_processor_count=80)"},
         {"file": "node-c/train.log", "host": "node-c", "rank": 2, "kind": "log.last", "message": "PyTorch version: 2.1.0+cu121"},
     ])
+    events = correlate(events.drop("event_id"), [])[0]
     rows = {r["host"]: r for r in host_fact_records(events)}
-    # The nvidia-smi file has no host of its own: its directory names it.
+    # The nvidia-smi file has no host of its own: correlate takes it from its directory's name.
     assert (rows["node-a"]["gpu_model"], rows["node-a"]["gpu_memory"], rows["node-a"]["driver_version"]) == ("NVIDIA A100-SXM4-80GB", "80 GiB", "535.104.05")
     assert rows["node-a"]["cuda_driver"] == "12.2"
     # 79.15 GiB usable (PyTorch) and 81920 MiB (nvidia-smi) are one card size.

@@ -18,6 +18,7 @@ from analyzer.discover import InputFile, iter_text_chunks
 from analyzer.events import conform, empty_events
 from analyzer.parse.grammars import parse_body
 from analyzer.parse.lines import lines_frame_many, peel_prefixes
+from analyzer.parse.nodestate import NODE_STATE_START_LITERALS, node_state_events
 
 # --- headers -------------------------------------------------------------------------------------
 
@@ -133,8 +134,9 @@ _KIND_SEVERITY = {k.kind: k.severity for k in LINE_KINDS}
 # Step and progress lines are numerous and only the first and last per file matter to the report:
 # they are sampled instead of classified.
 _SAMPLED_KINDS = ("train.step", "progress")
+# Node-state block starts ride on the same pass (one more literal costs nothing in Aho-Corasick).
 PREFILTER_LITERALS: tuple[str, ...] = tuple(
-    sorted({lit for k in LINE_KINDS if k.kind not in _SAMPLED_KINDS for lit in k.literals})
+    sorted({lit for k in LINE_KINDS if k.kind not in _SAMPLED_KINDS for lit in k.literals} | set(NODE_STATE_START_LITERALS))
 )
 _STEP_LITERALS = tuple(sorted({lit for k in LINE_KINDS if k.kind in _SAMPLED_KINDS for lit in k.literals}))
 # Lines that may belong to a multi-line record (traceback frames and their indented source lines).
@@ -195,7 +197,7 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     chosen = peel_prefixes(pl.concat([selected, steps], how="vertical").sort("file", "line"))
     classified = _classify(chosen)
     kept = classified.filter(pl.col("kind").is_not_null())
-    events = [_to_events(kept, chosen, year_hint)]
+    events = [_to_events(kept, chosen, year_hint), node_state_events(lines, candidates="_cand")]
     last_files = [p.item.path for p in pieces if p.last_piece]
     last = lines.filter(pl.col("_nonempty") & pl.col("file").is_in(last_files)).group_by("file", maintain_order=True).last()
     if last.height:
