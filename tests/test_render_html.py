@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from analyzer.cli import main
 from analyzer.render import html as html_mod
 from analyzer.render.html import render_html, write_html
 from tests.browser_util import headless_chromium, unavailable_reason
+from tests.driftgen import build as build_drift
 from tests.synth_job import SCRIPT_TAG, write_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +71,95 @@ def embedded_payload(page: str) -> dict:
 
 def outside_scripts(page: str) -> str:
     return re.sub(r"<script\b[^>]*>.*?</script>", "<script></script>", page, flags=re.S)
+
+
+class HostsTable(HTMLParser):
+    """The Hosts section's table as rows: each row's host (or fold size) and its cells by column,
+    with each cell's class, title and text."""
+
+    def __init__(self, page: str):
+        super().__init__(convert_charrefs=True)
+        self.rows: list[dict] = []
+        self._in_table = False
+        self._cell: dict | None = None
+        self.feed(page[page.index('<section id="hosts">'):page.index("</section>", page.index('<section id="hosts">'))])
+        self.rows = [row for row in self.rows if row["text"]]  # not the header
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table" and attrs.get("class") == "hosts":
+            self._in_table = True
+        elif self._in_table and tag == "tr":
+            self.rows.append({"host": attrs.get("data-host"), "fold": attrs.get("data-fold"), "class": attrs.get("class", ""),
+                              "cells": {}, "text": ""})
+        elif self._in_table and tag == "td":
+            self._cell = {"col": attrs.get("data-col"), "class": attrs.get("class") or "", "title": attrs.get("title"), "text": ""}
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._cell is not None:
+            row = self.rows[-1]
+            row["text"] += self._cell["text"] + "\t"
+            if self._cell["col"]:
+                row["cells"][self._cell["col"]] = self._cell
+            self._cell = None
+        elif tag == "table":
+            self._in_table = False
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell["text"] += data
+
+    def marked(self) -> set[tuple[str | None, str]]:
+        """(host, column) of every cell marked as differing."""
+        return {(row["host"], col) for row in self.rows for col, cell in row["cells"].items() if "differs" in cell["class"].split()}
+
+
+def host_records(n: int, odd: dict[int, dict] | None = None) -> list[dict]:
+    """`job.host_facts` of an n-host job whose hosts are alike but for the `odd` ones (index -> fields)."""
+    base = {"nccl_version": "2.21.5", "nccl_build": "cuda12.4", "net_plugin": "external: libnccl-net.so", "network": "IBext",
+            "nics": "mlx5_0:1/IB, mlx5_1:1/IB", "transports": "NET/IBext/GDRDMA, P2P/IPC", "cuda_driver": "12.4",
+            "driver_version": "550.54.15", "torch_version": "2.4.0+cu124", "gpu_model": "NVIDIA H100 80GB HBM3",
+            "gpu_memory": "80 GiB"}
+    odd = odd or {}
+    records = []
+    for h in range(n):
+        fields = {**base, **odd.get(h, {})}
+        env = {"NCCL_IB_HCA": "mlx5", "NCCL_HOSTID": f"id-{h}", **fields.pop("env", {})}
+        differs = sorted(k for k, v in fields.items() if v != base.get(k)) + sorted(
+            f"env.{k}" for k, v in env.items() if k != "NCCL_HOSTID" and v != "mlx5")
+        records.append({"host": fields.pop("host", f"gpu-{h:05d}"), "ranks": list(range(8 * h, 8 * h + 8)),
+                        "addresses": [f"ib0:10.{h // 250}.{h % 250}.1"], **fields, "env": env, "duplicate_name": False,
+                        "differs": differs, "per_rank": []})
+    return records
+
+
+def with_host_facts(analysis, records: list[dict]):
+    """The analysis with its report's host facts replaced (the renderer reads only the report)."""
+    analysis.report = {**analysis.report, "job": {**analysis.report["job"], "host_facts": records}}
+    return analysis
+
+
+def checkpoint_job(tmp_path: Path) -> Path:
+    """A job with real torch checkpoints: step 100 complete, step 200 cut off mid-save, step 250 a
+    two-rank torch.distributed.checkpoint save whose rank-1 shard is gone."""
+    from tests.test_analyses_checkpoint import truncated_newest
+    from tests.test_checkpoints import dcp_two_ranks
+
+    job = truncated_newest(tmp_path)
+    dcp_two_ranks(job / "ckpt" / "step_250", 250)
+    (job / "ckpt" / "step_250" / "__1_0.distcp").unlink()
+    return job
+
+
+def hosts_section(page: str) -> str:
+    start = page.index('<section id="hosts">')
+    return page[start:page.index("</section>", start) + len("</section>")]
+
+
+@pytest.fixture(scope="module")
+def drift(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drift")
+    return lambda name: build_drift(name, root) if not (root / name).exists() else root / name
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +273,157 @@ def test_large_job_is_folded_and_compressed(synth_1024):
     assert len(set(payload["members"]["unit"])) == synth_1024.world - 3
 
 
+# --- hosts and checkpoints --------------------------------------------------------------------------
+
+# The odd host of each two-node drift variant (fixtures/drift/README.md). The two hosts split
+# evenly, so the report's `differs` names both; the drift finding names the odd side (the older
+# NCCL, the smaller card, the host without the net plugin) and only that side is marked.
+ODD_CELLS = {
+    "nccl_version": {("node-b", "nccl_version")},
+    "gpu_models": {("node-b", "gpu_model"), ("node-b", "gpu_memory")},
+    "net_plugin": {("node-b", "net_plugin")},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ODD_CELLS))
+def test_hosts_table_marks_exactly_the_odd_hosts_cells(drift, variant):
+    analysis = analyze(drift(variant))
+    page = render_html(analysis)
+    assert page.index('id="findings"') < page.index('id="hosts"') < page.index('id="timeline"') < page.index('id="inputs"')
+    table = HostsTable(page)
+    assert {row["host"] for row in table.rows} == {"node-a", "node-b"}
+    assert table.marked() == ODD_CELLS[variant]
+    for host, col in ODD_CELLS[variant]:
+        odd = next(row for row in table.rows if row["host"] == host)["cells"][col]
+        other = next(row for row in table.rows if row["host"] != host)["cells"][col]
+        assert odd["text"].startswith("\u2260\u00a0")  # a glyph, not colour alone
+        # The tooltip names the other side's value and the finding that named this side.
+        assert other["text"] in odd["title"] and "split evenly" in odd["title"]
+        assert "names the" in other["title"]
+    section = hosts_section(page)
+    assert section.count('class="differs"') == len(ODD_CELLS[variant])
+    assert re.search(r'class="differs"[^>]*><span class="mark">\u2260</span>\u00a0<b>', section)
+
+
+def test_healthy_drift_job_has_a_hosts_table_with_no_marked_cell(drift):
+    table = HostsTable(render_html(analyze(drift("healthy"))))
+    assert [row["host"] for row in table.rows] == ["node-a", "node-b"]
+    assert table.marked() == set()
+    for row in table.rows:
+        assert row["cells"]["nccl_version"]["text"] == "2.28.9" and row["cells"]["gpu_model"]["text"] == "NVIDIA H200"
+    assert "env.NCCL_HOSTID" not in table.rows[0]["cells"]  # set per host by design: not a column
+
+
+def test_duplicate_hostname_and_rank_disagreement_are_flagged(drift):
+    page = render_html(analyze(drift("identical_hostnames")))
+    table = HostsTable(page)
+    assert table.marked() == {("trainer", "addresses")}
+    (row, per_rank) = table.rows
+    assert row["class"].split() == ["host-row", "marked", "dup"] and "duplicate name" in row["text"]
+    assert "several machines use this host name" in row["cells"]["addresses"]["title"]
+    assert "rank 0 pid 646: NCCL_HOSTID=drift-node0; rank 1 pid 647: NCCL_HOSTID=drift-node1" in per_rank["text"]
+
+
+def test_many_hosts_fold_into_a_few_rows(tmp_path):
+    """2,048 hosts from the host-facts benchmark's frame, one in 64 with another NCCL and no plugin."""
+    from analyzer.hostfacts import host_fact_records
+    from bench.bench_hostfacts import synthetic_events
+
+    records = host_fact_records(synthetic_events(2048, 1, 1))
+    odd = [r["host"] for r in records if r["differs"]]
+    assert len(odd) == 32
+    plain = render_html(with_host_facts(analyze(HEALTHY), []))
+    page = render_html(with_host_facts(analyze(HEALTHY), records))
+    table = HostsTable(page)
+    assert len(table.rows) == 2
+    fold_odd, alike = table.rows
+    assert (fold_odd["fold"], alike["fold"]) == ("32", "2016")
+    assert "2016 hosts alike" in alike["text"] and "node-[00000-00006,00008-00070," in alike["text"]
+    assert {col for col, cell in fold_odd["cells"].items() if "differs" in cell["class"]} == {"nccl_version", "nccl_build", "net_plugin"}
+    assert all(name[len("node-"):] in fold_odd["text"] for name in odd)  # every odd host is named
+    assert "(32 of 2048)" not in fold_odd["cells"]["nccl_version"]["title"]
+    assert "most hosts have 2.19.3 (2016 of 2048)" in fold_odd["cells"]["nccl_version"]["title"]
+    assert fold_odd["cells"]["addresses"]["text"] == "(one per host)"
+    assert len(hosts_section(page)) < 8_000 and len(page) - len(plain) < 8_000
+
+
+def test_one_odd_host_among_4096_keeps_its_own_row():
+    records = host_records(4096, {1234: {"driver_version": "535.104.05", "env": {"NCCL_IB_HCA": "mlx5_0"}}})
+    page = render_html(with_host_facts(analyze(HEALTHY), records))
+    table = HostsTable(page)
+    assert table.marked() == {("gpu-01234", "driver_version"), ("gpu-01234", "env.NCCL_IB_HCA")}
+    assert [(row["host"], row["fold"]) for row in table.rows] == [("gpu-01234", None), (None, "4095")]
+    assert "gpu-[00000-01233,01235-04095]" in table.rows[1]["text"]
+    cell = table.rows[0]["cells"]["driver_version"]
+    assert cell["text"] == "\u2260\u00a0535.104.05" and cell["title"] == "differs: most hosts have 550.54.15 (4095 of 4096)"
+    assert len(hosts_section(page)) < 6_000
+    assert "Set per host by design (not compared): NCCL_HOSTID." in hosts_section(page)
+
+
+def test_rows_beyond_the_cap_are_named_in_one_line():
+    """250 hosts, each with its own driver: none folds, 200 rows (MAX_ROWS), the other 50 named compactly."""
+    records = host_records(250, {h: {"driver_version": f"550.{h}"} for h in range(250)})
+    section = hosts_section(render_html(with_host_facts(analyze(HEALTHY), records)))
+    table = HostsTable(section)
+    assert len(table.rows) == 200 and len(table.marked()) == 200
+    assert "50 more host(s) not shown as rows: gpu-[00200-00249]; `--format json` lists every host." in section
+
+
+def test_hostile_host_names_and_env_values_are_inert(tmp_path):
+    """Markup in a host name (from a label or a manifest) and in a variable's value (from a log)."""
+    evil_host = '"><img src=x onerror=alert(5)>'
+    records = host_records(3, {0: {"host": evil_host, "nccl_version": "2.18.1<script>alert(6)</script>"},
+                               1: {"env": {"NCCL_IB_HCA": "</td><img src=x onerror=alert(7)>"}}})
+    page = render_html(with_host_facts(analyze(HEALTHY), records))
+    section = hosts_section(page)
+    assert "<img" not in section and "<script" not in section
+    table = HostsTable(page)
+    assert table.marked() == {(evil_host, "nccl_version"), ("gpu-00001", "env.NCCL_IB_HCA")}
+    assert next(r for r in table.rows if r["host"] == evil_host)["cells"]["nccl_version"]["text"] == (
+        "\u2260\u00a02.18.1<script>alert(6)</script>")
+    # And through the whole pipeline: a variable set to markup on one host of three.
+    job = tmp_path / "env"
+    job.mkdir()
+    value = "<img src=x onerror=alert(4)>"
+    for i, host in enumerate(("h-a", "h-b", "h-c")):
+        (job / f"{host}.log").write_text(
+            f"{host}:100:100 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n"
+            f"{host}:100:100 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to {value if i == 0 else 'eth0'}\n"
+            f"{host}:100:100 [0] NCCL INFO ncclCommInitRankConfig comm 0x1 rank {i} nranks 3 cudaDev 0 nvmlDev 0 busId 10 "
+            "commId 0xabc - Init COMPLETE\n", encoding="utf-8")
+    page = render_html(analyze(job))
+    assert HostsTable(page).marked() == {("h-a", "env.NCCL_SOCKET_IFNAME")}
+    assert "<img" not in outside_scripts(page)
+    assert "&lt;img src=x onerror=alert(4)&gt;" in hosts_section(page)
+
+
+def test_checkpoints_section_names_the_resume_point(tmp_path):
+    """Real torch checkpoints: one complete, one cut off mid-save, one DCP save missing a rank's shard."""
+    analysis = analyze(checkpoint_job(tmp_path))
+    page = render_html(analysis)
+    start = page.index('<section id="checkpoints">')
+    section = page[start:page.index("</section>", start)]
+    assert page.index('id="hosts"') < start < page.index('id="timeline"')
+    assert '\u25b6 Resume from <b class="mono">ckpt/step_100.pt</b> (step 100)' in section
+    rows = re.findall(r"<tr( class=\"[^\"]*\")?><td class=\"mono\">([^<]+)</td><td>([^<]+)</td>(.*?)</tr>", section)
+    by_path = {path: (cls, fmt, rest) for cls, path, fmt, rest in rows}
+    assert list(by_path) == [c["path"] for c in analysis.report["checkpoints"]]
+    assert set(by_path) == {"ckpt/step_250", "ckpt/step_200.pt", "ckpt/step_100.pt"}
+    cls, fmt, rest = by_path["ckpt/step_250"]
+    assert fmt == "dcp" and "bad" in cls and "1 of 2 shards; missing __1_0.distcp; rank(s) 1 lack their shard" in rest
+    cls, fmt, rest = by_path["ckpt/step_200.pt"]
+    assert fmt == "torch_zip" and "\u2717 no: truncated" in rest
+    cls, fmt, rest = by_path["ckpt/step_100.pt"]
+    assert "newest" in cls and "<b>\u25b6 newest resumable (exact)</b>" in rest and "\u2713 yes" in rest
+
+
+def test_no_checkpoint_section_without_an_audit_and_a_note_without_checkpoints(tmp_path):
+    analysis = analyze(HANG)
+    assert 'id="checkpoints"' in render_html(analysis) and "No checkpoint found" in render_html(analysis)
+    analysis.report = {k: v for k, v in analysis.report.items() if k != "checkpoints"}
+    assert 'id="checkpoints"' not in render_html(analysis)
+
+
 @pytest.mark.slow
 def test_wheel_ships_plotly_and_the_page_assets(tmp_path):
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path), str(ROOT)],
@@ -271,6 +513,19 @@ def test_markup_in_logs_is_shown_as_text_and_runs_nothing(browser, shots, tmp_pa
     assert SCRIPT_TAG in label
     assert browser.js("return window.__pm") == {"dialogs": [], "errors": [], "csp": []}
     assert load.console_errors == []
+
+
+@needs_browser
+def test_hosts_table_is_visible_in_the_drift_report(browser, shots, tmp_path, drift):
+    load_report(browser, analyze(drift("nccl_version")), tmp_path / "drift-nccl-version.html", shots)
+    assert browser.visible("#hosts table.hosts")
+    marked = browser.js("return Array.from(document.querySelectorAll('#hosts td.differs')).map("
+                        "td => [td.closest('tr').dataset.host, td.dataset.col, td.innerText, td.title])")
+    assert [m[:3] for m in marked] == [["node-b", "nccl_version", "\u2260\u00a02.27.7"]]
+    assert "2.28.9" in marked[0][3]
+    assert browser.js("return getComputedStyle(document.querySelector('#hosts td.differs b')).fontWeight") in ("700", "bold")
+    assert browser.js("return window.__pm") == {"dialogs": [], "errors": [], "csp": []}
+    assert browser.driver.get_log("browser") == []
 
 
 @needs_browser

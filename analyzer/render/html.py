@@ -1,8 +1,9 @@
 """Stage 6, render (HTML): one self-contained incident report with a cross-rank timeline.
 
 The page reads top-down like the terminal report: the verdict (category, culprits, confidence,
-evidence with file:line, remediation), the other findings cause before symptom, the timeline,
-then the inputs table. The timeline's frames come from `analyzer.render.timeline`; this module
+evidence with file:line, remediation), the other findings cause before symptom, the per-host
+facts table (folded by `analyzer.render.tables`, differing cells marked), the checkpoint audit,
+the timeline, then the inputs table. The timeline's frames come from `analyzer.render.timeline`; this module
 only turns them into a compact columnar payload (string tables, gzip+base64 when large) that the
 page's script (`assets/report.js`) draws with the vendored plotly.js.
 
@@ -26,6 +27,7 @@ from importlib import resources
 import polars as pl
 
 from analyzer.detect import format_ranks
+from analyzer.render.tables import VARIES, HostTable, cell_note, checkpoint_parts, host_table, human_size, per_rank_text
 from analyzer.render.timeline import CLASSES, FOLD_THRESHOLD, MAX_LANES, PANELS, Timeline, build_timeline
 
 MAX_TEXT_CHARS = 2000  # of one log line in the payload
@@ -144,6 +146,8 @@ def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: in
         "<main>",
         _verdict_html(report),
         _findings_html(report),
+        _hosts_html(report),
+        _checkpoints_html(report),
         _timeline_html(timeline),
         _inputs_html(report),
         _problems_html(report),
@@ -293,6 +297,129 @@ def _more_findings_html(more: list[dict]) -> str:
     tail = f'<p class="muted">and {rest} more; `--format json` lists every finding.</p>' if rest else ""
     return (f'<details class="finding"><summary>{len(more)} more finding(s) of <code>{_e(more[0]["rule_id"])}</code>'
             f"</summary><ul>{rows}</ul>{tail}</details>")
+
+
+def _hosts_html(report: dict) -> str:
+    """Per-host facts: one row per host (identical hosts folded), differing cells marked with a
+    glyph, bold text and a tooltip naming the majority value; duplicate names and ranks that
+    disagree within a host flagged on the host's row."""
+    table = host_table(report)
+    if table is None:
+        return ('<section id="hosts"><h2>Hosts</h2><p class="muted">No per-host facts: no line states an NCCL '
+                "version, driver, GPU or NCCL_*/TORCH_* variable (NCCL_DEBUG=INFO prints them).</p></section>")
+    differ = (f"{table.differing_hosts} with a value that differs or a duplicate name" if table.differing_hosts else "all alike")
+    head = "".join(f'<th data-col="{_e(c.key)}">{_e(c.label)}</th>' for c in table.columns)
+    rows = "".join(_host_row_html(table, row) for row in table.rows)
+    legend = ('<p class="legend"><span class="mark">\u2260</span> <b>bold</b>: a value that differs across hosts, '
+              "not the one most hosts have or one side of an even split (hover the cell for the majority value); <span class=\"flag\">\u26a0 duplicate name</span>: several "
+              "machines report under one host name; <span class=\"flag culprit-flag\">verdict</span>: a host the "
+              "verdict names. Hosts whose facts are identical are folded into one row.</p>") if table.marked else ""
+    notes = []
+    if table.omitted:
+        notes.append(f"{len(table.omitted)} more host(s) not shown as rows: {table.omitted_names}; "
+                     "`--format json` lists every host.")
+    if table.common_env:
+        notes.append("Alike on every host that reports it: "
+                     + ", ".join(f"{name}={value}" for name, value, _ in table.common_env) + ".")
+    if table.per_host_env:
+        notes.append("Set per host by design (not compared): " + ", ".join(table.per_host_env) + ".")
+    return (
+        f'<section id="hosts"><h2>Hosts <span class="muted">({table.hosts} host{"s" if table.hosts != 1 else ""}: '
+        f"{_e(differ)})</span></h2>{legend}"
+        f'<div class="wide"><table class="hosts"><tr><th>host</th>{head}</tr>{rows}</table></div>'
+        + "".join(f'<p class="muted">{_e(n)}</p>' for n in notes)
+        + "</section>"
+    )
+
+
+_CELL_CHARS = 160  # of one cell's text; the tooltip has the rest
+
+
+def _host_row_html(table: HostTable, row) -> str:
+    if row.folded:
+        label = f"{len(row.hosts)} hosts alike" if row.alike else f"{len(row.hosts)} hosts"
+        names = f'<span class="mono names">{_e(row.names)}</span>'
+        host = (f'<span class="fold">{_e(label)}</span> '
+                + (names if len(row.names) <= 120 else f"<details><summary>names</summary>{names}</details>"))
+        attrs = f' data-fold="{len(row.hosts)}"'
+    else:
+        host = f'<span class="mono name">{_e(row.hosts[0])}</span>'
+        attrs = f' data-host="{_e(row.hosts[0])}"'
+    if row.duplicate_name:
+        host += ' <span class="flag dup" title="processes under this name report different addresses on one interface">\u26a0 duplicate name</span>'
+    if row.culprit:
+        host += ' <span class="flag culprit-flag" title="named by the verdict">verdict</span>'
+    cells = []
+    for column in table.columns:
+        if column.key == "ranks":
+            cells.append(f'<td data-col="ranks">{_e(format_ranks(list(row.ranks)))}</td>')
+            continue
+        value = row.cells.get(column.key)
+        if value is VARIES:
+            cells.append(f'<td data-col="{_e(column.key)}" class="varies">(one per host)</td>')
+            continue
+        if value is None:
+            cells.append(f'<td data-col="{_e(column.key)}" class="unstated" title="no line of this host states it">\u2013</td>')
+            continue
+        text = value if len(value) <= _CELL_CHARS else value[:_CELL_CHARS] + "\u2026"
+        if column.key in row.marked:
+            title = cell_note(table, row, column.key) + (f"\nfull value: {value}" if text != value else "")
+            cells.append(f'<td data-col="{_e(column.key)}" class="differs" title="{_e(title)}">'
+                         f'<span class="mark">\u2260</span>\u00a0<b>{_e(text)}</b></td>')
+        else:
+            notes = [column.other_side_note()] if column.key in row.other_side else []
+            notes += [f"full value: {value}"] if text != value else []
+            title = f' title="{_e(chr(10).join(notes))}"' if notes else ""
+            cells.append(f'<td data-col="{_e(column.key)}"{title}>{_e(text)}</td>')
+    classes = " ".join(c for c in ("host-row", "marked" if row.marked else "", "dup" if row.duplicate_name else "",
+                                   "alike" if row.alike else "") if c)
+    out = f'<tr class="{classes}"{attrs}><td class="host">{host}</td>{"".join(cells)}</tr>'
+    if row.per_rank:
+        listed = "; ".join(per_rank_text(entry) for entry in row.per_rank)
+        more = f"; and {row.per_rank_more} more" if row.per_rank_more else ""
+        out += (f'<tr class="per-rank"><td></td><td colspan="{len(table.columns)}"><span class="mark">\u2260</span> '
+                f"ranks of this host disagree: {_e(listed + more)}</td></tr>")
+    return out
+
+
+CHECKPOINTS_SHOWN = 200
+
+
+def _checkpoints_html(report: dict) -> str:
+    """The checkpoint audit: where to resume from, then every checkpoint newest first."""
+    if "checkpoints" not in report:
+        return ""
+    checkpoints = report["checkpoints"] or []
+    if not checkpoints:
+        return ('<section id="checkpoints"><h2>Checkpoints</h2><p class="muted">No checkpoint found in or next to the job '
+                "(`--checkpoint PATH` audits one elsewhere).</p></section>")
+    newest = next((c for c in checkpoints if c.get("newest_resumable")), None)
+    if newest is not None:
+        step = f" (step {newest['step']})" if newest.get("step") is not None else ""
+        exact = ("; it holds every component an exact resume needs" if newest.get("exact_resume") else
+                 f"; for an exact resume it lacks {', '.join(newest.get('missing_components') or []) or 'some state'}")
+        resume = (f'<p class="resume">\u25b6 Resume from <b class="mono">{_e(newest["path"])}</b>{_e(step)}: the newest '
+                  f"checkpoint that is complete and readable{_e(exact)}.</p>")
+    else:
+        resume = '<p class="resume none">\u2717 No checkpoint is complete and readable: none can be resumed from.</p>'
+    head = "".join(f"<th>{h}</th>" for h in ("path", "format", "step", "saved (UTC)", "size", "readable", "complete", "resume"))
+    rows = "".join(_checkpoint_row_html(c) for c in checkpoints[:CHECKPOINTS_SHOWN])
+    more = (f'<p class="muted">and {len(checkpoints) - CHECKPOINTS_SHOWN} more; `--format json` lists every one.</p>'
+            if len(checkpoints) > CHECKPOINTS_SHOWN else "")
+    return (f'<section id="checkpoints"><h2>Checkpoints <span class="muted">({len(checkpoints)} found, newest first)</span></h2>'
+            f'{resume}<div class="wide"><table class="checkpoints"><tr>{head}</tr>{rows}</table></div>{more}</section>')
+
+
+def _checkpoint_row_html(c: dict) -> str:
+    readable, complete, resume = checkpoint_parts(c)
+    mark = "\u2713 " if c.get("readable") else "\u2717 "
+    classes = " ".join(x for x in ("newest" if c.get("newest_resumable") else "", "" if c.get("readable") else "bad") if x)
+    saved = (c.get("mtime") or "").replace("T", " ")[:19]
+    resume_html = f"<b>\u25b6 {_e(resume)}</b>" if c.get("newest_resumable") else _e(resume)
+    return (f'<tr class="{classes}"><td class="mono">{_e(c["path"])}</td><td>{_e(c["format"])}</td>'
+            f'<td class="num">{_e(c["step"] if c.get("step") is not None else "")}</td><td>{_e(saved)}</td>'
+            f'<td class="num">{_e(human_size(c.get("size_bytes")))}</td><td>{mark}{_e(readable)}</td><td>{_e(complete)}</td>'
+            f"<td>{resume_html}</td></tr>")
 
 
 def _timeline_html(timeline: Timeline) -> str:

@@ -1,10 +1,13 @@
-"""Stage 6, render (terminal): the verdict first, then findings cause before symptom, then inputs."""
+"""Stage 6, render (terminal): the verdict first, then findings cause before symptom, the hosts that
+differ from the others (only when some do), the checkpoint audit, then inputs."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.markup import escape as _escape_markup
 from rich.table import Table
+
+from analyzer.render.tables import VARIES, checkpoint_parts, compact_hosts, host_table, per_rank_text
 
 _CONTROL = {c: "\ufffd" for c in (*range(0, 9), *range(11, 32), 127)}
 
@@ -45,6 +48,8 @@ def render_text(report: dict, console: Console, *, all_inputs: bool = False) -> 
             console.print(f"    {escape(f['summary'][:300])}")
             for ev in f["evidence"][:2]:
                 console.print(f"    [cyan]{escape(ev['file'])}:{ev['line']}[/cyan]  {escape(ev['text'][:200])}")
+    _hosts_table(report, console)
+    _checkpoints_table(report, console)
     _inputs_table(report["inputs"], console, all_inputs)
     for problem in report.get("problems", []):
         console.print(f"[yellow]analyzer problem:[/yellow] {escape(problem)}")
@@ -62,3 +67,93 @@ def _inputs_table(inputs: list[dict], console: Console, all_inputs: bool) -> Non
     if len(shown) < len(inputs):
         table.caption = f"{len(inputs) - len(shown)} parsed files not shown (--all-inputs lists them)"
     console.print(table)
+
+
+CELL_CHARS = 60  # of one value in the hosts table
+NAMES_CHARS = 300  # of a compact host list
+CHECKPOINTS_SHOWN = 20
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _hosts_table(report: dict, console: Console) -> None:
+    """The hosts that differ, in the columns that differ, against what most hosts have."""
+    table = host_table(report)
+    if table is None or not table.marked:
+        return
+    columns = [c for c in table.columns if any(c.key in row.marked for row in table.rows)]
+    rows = [row for row in table.rows if row.marked or row.duplicate_name]
+    alike = [host for row in table.rows if not (row.marked or row.duplicate_name) for host in row.hosts]
+    console.print(f"\n[bold]Hosts that differ[/bold] ({table.differing_hosts} of {table.hosts})")
+    out = Table(show_lines=False)
+    out.add_column("host", overflow="fold")
+    for column in columns:
+        out.add_column(escape(column.label), overflow="fold")
+    for row in rows:
+        host = escape(_clip(row.names, NAMES_CHARS)) + (f" ({len(row.hosts)} hosts)" if row.folded else "")
+        if row.duplicate_name:
+            host += " [bold]duplicate name[/bold]"
+        cells = []
+        for column in columns:
+            value = row.cells.get(column.key)
+            if value is VARIES:
+                cells.append("(one per host)")
+            elif value is None:
+                cells.append("-")
+            elif column.key in row.marked:
+                cells.append(f"[bold]\u2260 {escape(_clip(value, CELL_CHARS))}[/bold]")
+            else:
+                cells.append(escape(_clip(value, CELL_CHARS)))
+        out.add_row(host, *cells)
+    reference = []
+    for column in columns:
+        if column.majority is not None:
+            reference.append(escape(_clip(column.majority, CELL_CHARS)))
+        elif column.odd is not None:
+            other = " / ".join(v for v, _ in column.split if v != column.odd)
+            reference.append(escape(_clip(other, CELL_CHARS)) + " (even split)")
+        else:
+            reference.append("(no majority)" if not column.identity else "")
+    if any(c.key != "addresses" for c in columns):
+        out.add_row("[italic]most hosts[/italic]", *reference)
+    console.print(out)
+    console.print("  \u2260 differs from most hosts (or is the odd side of an even split)")
+    if alike:
+        console.print(f"  {len(alike)} host(s) alike, not shown: {escape(compact_hosts(alike, NAMES_CHARS))}")
+    if table.omitted:
+        console.print(f"  {len(table.omitted)} host(s) beyond the table: {escape(table.omitted_names[:NAMES_CHARS])}")
+    for row in rows:
+        if row.per_rank:
+            listed = "; ".join(per_rank_text(entry) for entry in row.per_rank)
+            more = f"; and {row.per_rank_more} more" if row.per_rank_more else ""
+            console.print(f"  {escape(row.names)}: ranks disagree: {escape(listed + more)}")
+
+
+def _checkpoints_table(report: dict, console: Console) -> None:
+    checkpoints = report.get("checkpoints")
+    if not checkpoints:
+        return
+    newest = next((c for c in checkpoints if c.get("newest_resumable")), None)
+    if newest is not None:
+        step = f" (step {newest['step']})" if newest.get("step") is not None else ""
+        title = f"({len(checkpoints)}): resume from {escape(newest['path'])}{step}"
+    else:
+        title = f"({len(checkpoints)}): none is complete and readable"
+    console.print(f"\n[bold]Checkpoints[/bold] {title}")
+    out = Table(show_lines=False)
+    out.add_column("path", overflow="fold", ratio=2)
+    out.add_column("format", overflow="fold")
+    out.add_column("step", justify="right")
+    out.add_column("readable", overflow="fold", ratio=3)
+    out.add_column("complete", overflow="fold", ratio=2)
+    out.add_column("resume", overflow="fold", max_width=12)
+    for c in checkpoints[:CHECKPOINTS_SHOWN]:
+        readable, complete, resume = checkpoint_parts(c, checked_with=False)
+        resume = f"[bold]{escape(resume)}[/bold]" if c.get("newest_resumable") else escape(resume)
+        out.add_row(escape(c["path"]), escape(c["format"]), "" if c.get("step") is None else str(c["step"]),
+                    escape(_clip(readable, 200)), escape(_clip(complete, 200)), resume)
+    if len(checkpoints) > CHECKPOINTS_SHOWN:
+        out.caption = f"{len(checkpoints) - CHECKPOINTS_SHOWN} more; --format json lists every one"
+    console.print(out)
