@@ -113,3 +113,31 @@ def test_recorded_machine_split_into_two_nodes():
     assert set(found) == {"transport-intra-node-network"}
     assert "NCCL_HOSTID=node0" in found["transport-intra-node-network"]["summary"]
     assert report["verdict"]["category"] == "degraded_transport"
+
+
+IPOIB_NODE = [
+    "gpu-7:4021:4021 [0] NCCL INFO Failed to open libibverbs.so[.1]",
+    "gpu-7:4021:4021 [0] NCCL INFO NET/Socket : Using [0]ib0:10.1.0.7<0>",
+    "gpu-7:4021:4021 [0] NCCL INFO Using network Socket",
+]
+
+
+def test_sockets_over_ipoib_without_libibverbs(tmp_path):
+    """One node's log: the job may span nodes, and this host's InfiniBand is unused."""
+    (tmp_path / "log.txt").write_text("\n".join(IPOIB_NODE) + "\n")
+    found = transport_findings(analyze(tmp_path).report)
+    assert set(found) == {"transport-multinode-socket"}
+    summary = found["transport-multinode-socket"]["summary"]
+    assert "IPoIB interface ib0" in summary and "libibverbs" in summary and summary.startswith("if the job spans")
+
+
+def test_sockets_over_ipoib_on_a_job_known_to_fit_one_node(tmp_path):
+    lines = [*IPOIB_NODE, "gpu-7:4021:4021 [0] NCCL INFO comm 0x55d0 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0"]
+    (tmp_path / "log.txt").write_text("\n".join(lines) + "\n")
+    assert transport_findings(analyze(tmp_path).report) == {}
+
+
+def test_sockets_over_ethernet_on_one_host_are_not_blamed(tmp_path):
+    lines = [line.replace("[0]ib0", "[0]eth0") for line in IPOIB_NODE]
+    (tmp_path / "log.txt").write_text("\n".join(lines) + "\n")
+    assert transport_findings(analyze(tmp_path).report) == {}

@@ -36,6 +36,8 @@ _P2P_OFF = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")
 _NET_FORCING = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_HOSTID", "NCCL_P2P_LEVEL")
 _IB_MISSING = r"NET/IB ?: ?No device found|Using network Socket|NET/Plugin ?: ?(?:Could not find|No plugin found)|Failed to open libibverbs"
 _GDR_OFF = r"GPU Direct RDMA Disabled|GDR(?:DMA)? (?:is )?disabled"
+# `NET/Socket : Using [0]ib0:10.0.0.1<0>` (ib0, ibs3, ibp12s0: IPoIB interface names)
+_SOCKET_OVER_IPOIB = r"NET/Socket ?: ?Using .*?\[\d+\](ib[a-z]*\d[\w.]*)"
 
 
 def _pairs(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
@@ -145,7 +147,14 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     ib_missing = net_lines.filter(pl.col("message").str.contains(_IB_MISSING))
     ib_disabled = env.filter(pl.col("var").is_in(["NCCL_IB_DISABLE", "NCCL_NET"]) & (pl.col("value").str.to_uppercase() != "0") & (pl.col("value").str.to_uppercase() != "IB"))
     uses_ib = pairs.filter(pl.col("family").str.starts_with("NET/IB")).height > 0
-    if multi_node and not uses_ib and (socket.height or ib_missing.filter(pl.col("message").str.contains("Using network Socket")).height):
+    over_ipoib = net_lines.filter(pl.col("message").str.contains(_SOCKET_OVER_IPOIB))
+    on_sockets = socket.height or ib_missing.filter(pl.col("message").str.contains("Using network Socket")).height or over_ipoib.height
+    # Sockets on an IPoIB interface prove the host has InfiniBand that NCCL is not using; unless
+    # the job is known to fit on one node, that alone is worth saying (less surely).
+    one_node = events.filter((pl.col("kind") == "nccl.topology") & pl.col("message").str.contains(r"nNodes 1\b")).height > 0
+    one_node = one_node or (pairs.height > 0 and inter.height == 0 and not pairs.get_column("family").str.starts_with("NET").any())
+    maybe_multi_node = not one_node and over_ipoib.height > 0 and (ib_missing.height or ib_disabled.height)
+    if (multi_node or maybe_multi_node) and not uses_ib and on_sockets:
         why = []
         if ib_disabled.height:
             why.append(_settings(ib_disabled))
@@ -153,18 +162,22 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             why.append("NCCL found no InfiniBand/RoCE device (NET/IB : No device found)")
         if ib_missing.filter(pl.col("message").str.contains("Plugin|libibverbs")).height:
             why.append("no network plugin or libibverbs was loaded")
+        if over_ipoib.height:
+            interface = over_ipoib.get_column("message").str.extract(_SOCKET_OVER_IPOIB, 1).drop_nulls().head(1).to_list()
+            why.append(f"the sockets run over the IPoIB interface {interface[0] if interface else ''}: the host has InfiniBand that NCCL does not use")
+        spans = f"the job spans {len(hosts)} hosts and its" if multi_node else "if the job spans several nodes, its"
         summary = (
-            f"the job spans {len(hosts)} hosts and its inter-node traffic goes over TCP sockets (NET/Socket)"
+            f"{spans} inter-node traffic goes over TCP sockets (NET/Socket)"
             + (f": {_links_text(socket)}" if socket.height else "")
             + (f"; {'; '.join(why)}" if why else "")
         )
         evidence = ib_disabled.get_column("event_id").head(2).to_list() + ib_missing.get_column("event_id").head(4).to_list()
-        evidence += socket.get_column("event_id").head(6).to_list()
+        evidence += over_ipoib.get_column("event_id").head(2).to_list() + socket.get_column("event_id").head(6).to_list()
         rows.append(
             finding(
                 "transport-multinode-socket",
                 hosts=hosts,
-                confidence=0.6 if why else 0.5,
+                confidence=(0.6 if why else 0.5) if multi_node else 0.4,
                 summary=summary,
                 evidence=evidence,
             )

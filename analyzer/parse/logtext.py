@@ -71,7 +71,7 @@ LINE_KINDS: tuple[LineKind, ...] = (
     LineKind("nccl.comm_teardown", "info", r"- (?:Abort|Destroy) (?:START|COMPLETE)", "nccl", ("Abort START", "Abort COMPLETE", "Destroy COMPLETE", "Destroy START")),
     LineKind("nccl.env", "info", r" set by environment to ", "nccl", (" set by environment to ",)),
     LineKind("nccl.transport", "info", r" via (?:P2P|SHM|NET|COLLNET|direct shared memory)", "nccl", (" via ",)),
-    LineKind("nccl.net", "info", r"NET/Plugin|Plugin Path|P2P plugin|Using network|NET/IB|NET/Socket|Bootstrap ?: ?(?:Using|no socket)|No usable listening interface|NET : Using interface", "nccl", ("NET/", "Plugin", "Using network", "Bootstrap", "No usable listening interface", "NET : Using interface")),
+    LineKind("nccl.net", "info", r"NET/Plugin|Plugin Path|P2P plugin|Using network|NET/IB|NET/Socket|Bootstrap ?: ?(?:Using|no socket)|No usable listening interface|NET : Using interface|Failed to open libibverbs", "nccl", ("NET/", "Plugin", "Using network", "Bootstrap", "No usable listening interface", "NET : Using interface", "Failed to open libibverbs")),
     LineKind("nccl.conn_closed", "warning", r"Connection closed by", "nccl", ("Connection closed by",)),
     LineKind("nccl.cuda_driver", "info", r"^cudaDriverVersion \d+", "nccl", ("cudaDriverVersion",)),
     LineKind("nccl.version", "info", r"^NCCL version \S+\+cuda", None, ("NCCL version",)),
