@@ -62,6 +62,7 @@ def test_a_node_read_out_takes_its_directorys_host(tmp_path):
     assert report["verdict"]["category"] == "gpu_hardware_xid"
     assert report["verdict"]["culprit_hosts"] == ["node-b"]
     assert report["verdict"]["evidence"][0]["file"] == "node-b/node.nvidia-smi-q.txt"
+    assert [f["rule_id"] for f in report["findings"] if f["category"] == "gpu_hardware_xid"] == ["gpu-memory-errors-reported"]
 
 
 def test_an_xid_in_a_nodes_kernel_log_names_that_node(tmp_path):

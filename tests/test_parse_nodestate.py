@@ -63,7 +63,7 @@ def test_correctable_counters_and_ecc_mode_pending_are_not_faults():
 
 
 @pytest.mark.parametrize("key, value, expected", [
-    ("Remapping Failure Occurred                     : No", "Remapping Failure Occurred                     : Yes", "row remapping failure occurred"),
+    ("Remapping Failure Occurred                     : No", "Remapping Failure Occurred                     : Yes", "Remapping Failure Occurred: Yes (the GPU has no spare rows left"),
     ("        Pending                                        : No", "        Pending                                        : Yes", "a row remap is pending"),
     ("        Uncorrectable Error                            : 0", "        Uncorrectable Error                            : 2", "rows remapped after uncorrectable ECC errors: 2"),
 ])

@@ -181,7 +181,7 @@ def _row_remap(frame: pl.DataFrame) -> pl.DataFrame:
         return hits
     what = (
         pl.when(key.str.starts_with("Remapping Failure"))
-        .then(pl.lit("row remapping failure occurred: the GPU has no spare rows left for a bad memory row"))
+        .then(pl.lit("Remapping Failure Occurred: Yes (the GPU has no spare rows left for a bad memory row)"))
         .when(key == "Pending")
         .then(pl.lit("a row remap is pending: the GPU must be reset before the bad row is retired"))
         .otherwise(pl.concat_str(pl.lit("rows remapped after uncorrectable ECC errors: "), value))
