@@ -2,8 +2,9 @@
 
 Sources of truth, strongest first: PyTorch/launcher prefixes on the line, NCCL `comm ... rank R
 nranks N` lines joined to their `host:pid` prefix, per-rank file layout (torchrun's
-`attempt_N/<local_rank>/` and rank-numbered file names), and a file whose events all name one
-rank. Job facts: world size, ranks, hosts, rank -> host map.
+`attempt_N/<local_rank>/` and rank-numbered file names), a file whose events all name one
+rank, and c10d's `[Rank N]` where it is the default process group's. Job facts: world size,
+ranks, hosts, rank -> host map.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFra
     events = _apply_file_hints(events, inputs)
     events = _ranks_from_pids(events)
     events = _ranks_from_single_rank_files(events)
+    events = _ranks_from_default_pg(events)
     events = _hosts_from_ranks(events)
     events = _hosts_from_files(events)
     # Joins do not keep row order; event ids must be stable for deterministic reports.
@@ -105,6 +107,32 @@ def _ranks_from_single_rank_files(events: pl.DataFrame) -> pl.DataFrame:
         events.join(per_file, on="file", how="left")
         .with_columns(pl.coalesce("rank", "file_rank").alias("rank"))
         .drop("file_rank")
+    )
+
+
+# c10d's own lines: watchdog timeouts and aborts, pg_status and dump notices, DETAIL reports, desync reports.
+_C10D_KINDS = r"^(?:watchdog|c10d|desync)\."
+
+
+def _ranks_from_default_pg(events: pl.DataFrame) -> pl.DataFrame:
+    """An unprefixed c10d line names its rank inside its process group (`[Rank N]` before torch 2.2,
+    `[PG 0 Rank N]`, `[PG ID 0 PG GUID 0(default_pg) Rank N]` after); in the default group (PG 0)
+    that is the global rank. A sub-group's `[PG 3 Rank 1]` is not. The pre-2.2 `[Rank N]` names no
+    group: it is taken as the default group's only when nothing in the job shows another group (a
+    non-default PG in any c10d or Flight Recorder line, or NCCL communicators of several sizes).
+    Runs after the file-level attributions so that one visible rank's line does not claim a shared
+    console's other lines."""
+    c10d = pl.col("kind").fill_null("").str.contains(_C10D_KINDS)
+    candidate = pl.col("rank").is_null() & pl.col("pg_rank").is_not_null() & c10d
+    if events.filter(candidate).height == 0:
+        return events
+    pg_family = c10d | pl.col("kind").fill_null("").str.starts_with("fr.")
+    other_groups = events.filter(pg_family & pl.col("pg").is_not_null() & (pl.col("pg").str.extract(r"^\s*(\d+)") != "0")).height > 0
+    comm_sizes = events.filter(pl.col("kind") == "nccl.comm_init").get_column("nranks").drop_nulls().n_unique()
+    unnamed_is_default = not other_groups and comm_sizes <= 1
+    in_default = (pl.col("pg").str.extract(r"^\s*(\d+)") == "0") | (pl.col("pg").is_null() & pl.lit(unnamed_is_default))
+    return events.with_columns(
+        pl.when(candidate & in_default.fill_null(False)).then(pl.col("pg_rank")).otherwise(pl.col("rank")).alias("rank")
     )
 
 

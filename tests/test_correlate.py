@@ -80,3 +80,52 @@ def test_healthy_read_outs_beside_a_healthy_job_add_nothing(tmp_path):
         for name in ("healthy-nvidia-smi-q.txt", "healthy-nvlink-s.txt"):
             (job / node / name).write_text((ROOT / "fixtures" / "node-state" / name).read_text())
     assert [f["rule_id"] for f in analyze(job).report["findings"]] == before
+
+
+# --- c10d's `[Rank N]`: the default process group's rank is the global rank ----------------------
+
+
+def _c10d(line, pg_rank, pg=None, kind="watchdog.timeout", **fields):
+    return _event(line, source="c10d", kind=kind, pg=pg, pg_rank=pg_rank, message=f"[Rank {pg_rank}] Watchdog caught", **fields)
+
+
+def _ranks_by_line(events):
+    attributed, _ = correlate(events_from_records(events), [])
+    return dict(attributed.select("line", "rank").iter_rows())
+
+
+def test_an_unprefixed_default_group_rank_is_the_global_rank():
+    """`[Rank 3]` (before 2.2, no group named), `[PG 0 Rank 1]` and `[PG ID 0 PG GUID 0(default_pg) Rank 2]`."""
+    events = [_c10d(1, 3), _c10d(2, 1, pg="0"), _c10d(3, 2, pg="0", kind="watchdog.pg_status")]
+    assert _ranks_by_line(events) == {1: 3, 2: 1, 3: 2}
+    assert correlate(events_from_records(events), [])[1].ranks == [1, 2, 3]
+
+
+def test_a_sub_group_rank_is_not_a_global_rank():
+    """`[PG 3 Rank 1]` is rank 1 of group 3; and once a job shows a sub-group, a bare `[Rank 1]` may be one too."""
+    assert _ranks_by_line([_c10d(1, 1, pg="3"), _c10d(2, 1), _c10d(3, 2, pg="0")]) == {1: None, 2: None, 3: 2}
+
+
+def test_a_bare_rank_stays_unknown_beside_communicators_of_several_sizes():
+    def comm(line, nranks):
+        return _event(line, file="nccl.log", kind="nccl.comm_init", source="nccl", host="n1", pid=10 + line, pg_rank=0, nranks=nranks)
+
+    assert _ranks_by_line([comm(1, 8), comm(2, 2), _c10d(3, 1)])[3] is None
+    assert _ranks_by_line([comm(1, 8), comm(2, 8), _c10d(3, 1)])[3] == 1
+
+
+def test_a_prefix_or_file_rank_wins_over_the_group_rank():
+    """`[rank5]:[E...] [PG 3 Rank 1]`: the prefix gives the global rank, the group's rank is not used."""
+    assert _ranks_by_line([_c10d(1, 1, pg="3", rank=5), _c10d(2, 1, pg="0", rank=6)]) == {1: 5, 2: 6}
+
+
+def test_one_ranks_c10d_line_does_not_claim_a_shared_console():
+    """A console whose only rank-naming line is rank 2's timeout: rank 0's progress bar above it stays unattributed."""
+    events = [_event(1, kind="progress", message="Preparing data: 50%|#####     | 5/10 [00:01<00:01]"), _c10d(2, 2)]
+    assert _ranks_by_line(events) == {1: None, 2: 2}
+
+
+def test_only_c10d_lines_take_the_group_rank():
+    """NCCL's `comm ... rank R nranks N` is attributed through its host:pid, not here; other text keeps its rank."""
+    events = [_event(1, kind="log.line", pg_rank=3, message="[Rank 3] step=10"), _c10d(2, 1)]
+    assert _ranks_by_line(events) == {1: None, 2: 1}

@@ -85,3 +85,15 @@ def test_torchrun_root_cause_alone_names_no_culprit(tmp_path):
     verdict = analyze(tmp_path).report["verdict"]
     assert verdict["rule_id"] == "torchrun-worker-failed"
     assert verdict["culprit_ranks"] == [] and "Only symptoms" in verdict["summary"]
+    assert verdict["culprit_ranks"] == [] and "Only symptoms" in verdict["summary"]
+
+
+def test_torch_rank_prefix_alone_keeps_the_exception_line(tmp_path):
+    """A console without torchrun's `[defaultN]:` tee: `[rank3]: ` opens the line, space included."""
+    events = parse(tmp_path, "[rank3]: Traceback (most recent call last):\n"
+                             "[rank3]:   File \"train.py\", line 10, in <module>\n"
+                             "[rank3]:     main()\n"
+                             "[rank3]: ValueError: bad shard 7\n")
+    raised = events.filter(pl.col("kind") == "traceback.exception")
+    assert raised.select("line", "rank", "message").rows() == [(4, 3, "ValueError: bad shard 7")]
+    assert "File \"train.py\", line 10" in raised.get_column("detail").item()

@@ -6,9 +6,21 @@ rank-specific work while the others wait in a barrier (absent from the collectiv
 named culprit, the shape of the stuck collective: the very first barrier (device binding),
 a barrier-like 1-element collective mid-run (a rank off doing extra work), or a data collective
 mid-run (ranks issuing different collective sequences).
+
+Ranks are global ranks only: correlate lifts the default process group's `[Rank N]` to the global
+rank; a sub-group's `[PG 3 Rank 1]` is not one and is not counted. When no line states the job's
+size (an NCCL communicator's nranks, a Flight Recorder pg_status), the job is taken to be ranks
+0..highest seen, and every finding built on that range says so: the job may have more ranks.
+Before torch 2.0 the watchdog line carries no NumelIn, so an ALLREDUCE of unknown size may be a
+barrier; with a rank of the job silent, it is not called a divergence.
+
+The helpers `world_ranks`, `busy_rank` and `silent_suspect` are shared with the progress matrix,
+which names silent ranks under `hang-rank-absent-from-collective`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -23,9 +35,7 @@ _PROGRESS_BAR = r"\d+%\|[^|]*\|\s*\d+/\d+ \["
 
 @register("hang_heuristics")
 def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    timeouts = events.filter(pl.col("kind").is_in(["watchdog.timeout", "watchdog.frame"])).with_columns(
-        pl.coalesce("rank", "pg_rank").alias("rank")
-    )
+    timeouts = events.filter(pl.col("kind").is_in(["watchdog.timeout", "watchdog.frame"]))
     if timeouts.height == 0:
         # No timeout because the launcher tore the survivors down first: they are victims too.
         victims = _torn_down_ranks(events)
@@ -36,44 +46,138 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     if crashed is not None:
         return findings_frame([crashed])
     stuck = timeouts.sort("seq", "op", nulls_last=True).row(0, named=True)
-    barrier_like = (stuck["numel_in"] == 1) or (stuck["op"] in ("BARRIER", "ALLREDUCE") and stuck["numel_in"] == 1)
-    busy = _busy_rank(events, waiting)
+    op_name = stuck["op"].upper() if stuck["op"] else None
+    barrier_like = stuck["numel_in"] == 1 or op_name == "BARRIER"
+    maybe_barrier = barrier_like or op_name is None or (stuck["numel_in"] is None and op_name in BARRIER_OPS)
+    world, inferred = world_ranks(events, job)
+    silent = silent_ranks(events, world)
+    busy = busy_rank(events, waiting)
     evidence = timeouts.get_column("event_id").head(10).to_list()
     op = f"{stuck['op'] or 'a collective'}" + (f" #{stuck['seq']}" if stuck["seq"] is not None else "")
-    if busy is not None and (barrier_like or stuck["op"] is None):
+    who = _label(waiting) if waiting else "the ranks"
+    if busy is not None and maybe_barrier:
         rank, event_id, text = busy
         return findings_frame([finding(
             "hang-busy-rank-while-others-wait",
             ranks=[rank],
             hosts=[job.rank_hosts[rank]] if rank in job.rank_hosts else [],
             confidence=0.6,
-            summary=f"ranks {_ranks(waiting)} timed out in {op} while rank {rank} was still busy: {text[:160]}",
+            summary=f"{who} timed out in {op} while rank {rank} was still busy: {text[:160]}",
             evidence=[event_id, *evidence],
         )])
     if stuck["seq"] == 1 and barrier_like:
         return findings_frame([finding(
             "hang-first-barrier-never-completed",
             confidence=0.4,
-            summary=f"the very first collective ({op}, 1 element: a barrier) never completed on ranks {_ranks(waiting)}",
+            summary=f"the very first collective ({op}, 1 element: a barrier) never completed on {who}",
             evidence=evidence,
         )])
     if barrier_like:
-        others = sorted(set(job.ranks) - waiting) if job.world_size else []
+        if not silent and not inferred:
+            return findings_frame([])  # every rank of the job waited in it: none is elsewhere
+        suspect = silent_suspect(silent, waiting, busy, maybe_barrier, inferred)
+        named = [suspect.rank] if suspect else silent
+        summary = f"{who} waited in a 1-element {op} (a barrier) that another rank never entered"
+        if silent:
+            summary += f"; no timeout line from {_label(silent)}"
+        summary += range_note(world, inferred)
+        if suspect:
+            summary += f"; {suspect.note}"
         return findings_frame([finding(
             "hang-barrier-rank-elsewhere",
-            ranks=others,
-            confidence=0.45,
-            summary=f"ranks {_ranks(waiting)} waited in a 1-element {op} (a barrier) that another rank never entered",
-            evidence=evidence,
+            ranks=named,
+            hosts=[job.rank_hosts[r] for r in named if r in job.rank_hosts],
+            confidence=0.35 if suspect and not suspect.direct else 0.45,
+            summary=summary,
+            evidence=(suspect.evidence if suspect else []) + evidence,
         )])
     if stuck["op"] is not None:
+        if stuck["numel_in"] is None and op_name in BARRIER_OPS and silent:
+            # Size unknown (a pre-2.0 watchdog line) while a rank of the job left no timeout line: the
+            # others may be waiting in a barrier for it, and the progress matrix names it as absent.
+            # Calling this a divergence would send the reader to the waiting ranks' code.
+            return findings_frame([])
         return findings_frame([finding(
             "hang-data-collective-diverged",
             confidence=0.4,
-            summary=f"ranks {_ranks(waiting)} timed out mid-run in {op} (numel {stuck['numel_in']}); no rank logged an error",
+            summary=f"{who} timed out mid-run in {op} (numel {stuck['numel_in']}); no rank logged an error",
             evidence=evidence,
         )])
     return findings_frame([])
+
+
+# --- shared with the progress matrix -----------------------------------------------------------
+
+BARRIER_OPS = ("ALLREDUCE", "BARRIER")  # dist.barrier() on NCCL is a 1-element all-reduce
+_SIZE_KINDS = ["nccl.comm_init", "fr.pg_status"]
+_PROGRESS_KINDS = ["watchdog.timeout", "watchdog.frame", "watchdog.pg_status", "fr.entry", "fr.pg_status"]
+
+
+@dataclass(frozen=True)
+class Suspect:
+    rank: int
+    direct: bool  # seen busy in a line of its own, not named by the rank-0 heuristic
+    note: str
+    evidence: list[int]
+
+
+def world_ranks(events: pl.DataFrame, job: JobContext) -> tuple[list[int], bool]:
+    """The job's ranks, and whether that range is inferred: no line stated the size (an NCCL
+    communicator's nranks, a Flight Recorder pg_status), so it is 0..the highest rank seen."""
+    stated = events.filter(pl.col("kind").is_in(_SIZE_KINDS)).get_column("nranks").max()
+    seen = events.get_column("rank").drop_nulls().max()
+    from_ranks = (seen + 1) if seen is not None else 0
+    size = max(job.world_size or 0, from_ranks)
+    # A size larger than the ranks seen was stated somewhere (the caller's context); one equal to
+    # them is only stated if a communicator or pg_status says so.
+    return list(range(size)), size == from_ranks and (stated is None or stated < size)
+
+
+def silent_ranks(events: pl.DataFrame, world: list[int]) -> list[int]:
+    """Ranks of the job with no timeout line, watchdog status or Flight Recorder entry."""
+    reported = events.filter(pl.col("kind").is_in(_PROGRESS_KINDS)).get_column("rank").drop_nulls().unique().to_list()
+    return sorted(set(world) - set(reported))
+
+
+def range_note(world: list[int], inferred: bool) -> str:
+    """Said wherever the job's ranks are only 0..the highest seen."""
+    if not inferred or not world:
+        return ""
+    if len(world) == 1:
+        return " (rank 0 is the only rank seen; no line states the job's size)"
+    return f" (of ranks {_ranks(world)}, a range inferred from the highest rank seen: the job may have more)"
+
+
+def silent_suspect(
+    silent: list[int], waiting: set[int], busy: tuple[int, int, str] | None, maybe_barrier: bool, inferred: bool
+) -> Suspect | None:
+    """Which of the ranks that left no progress evidence the waiting ranks most likely wait for, when
+    the stuck collective may be a barrier (1 element, or its size unknown).
+
+    Evidence first: a silent rank seen busy with its own work (a progress bar, a line naming it).
+    Failing that, when rank 0 is one of several silent ranks and the job's ranks are only inferred
+    from the ranks seen: rank 0, by a low-confidence heuristic, said as such. Work that only the
+    main process does (evaluation, checkpoint saving, dataset preparation) is the usual reason ranks
+    1..N wait in a barrier. Only where the size is unstated: such logs are excerpts, whose missing
+    lines make silence weak evidence, so the other silent ranks are more likely waiting with their
+    lines cut; where the logs state the size, each silent rank is a firm suspect and all are named.
+    """
+    if not maybe_barrier or not silent or not waiting:
+        return None
+    if busy is not None and busy[0] in silent:
+        rank, event_id, text = busy
+        return Suspect(rank, True, f"rank {rank} was still busy: {text[:160]}", [event_id])
+    if inferred and 0 in silent and len(silent) > 1:
+        return Suspect(
+            0,
+            False,
+            f"rank 0 named first by a heuristic, not by evidence: {_label(waiting)} "
+            f"{'waits' if len(waiting) == 1 else 'wait'} in a barrier-like collective, "
+            "and work that only the main process does (evaluation, checkpointing, data preparation) is the usual reason "
+            f"for a missed barrier; {_label([r for r in silent if r != 0])} left no line either",
+            [],
+        )
+    return None
 
 
 def _torn_down_ranks(events: pl.DataFrame) -> set[int]:
@@ -104,35 +208,48 @@ def _crashed_peers(
         ranks=ranks,
         hosts=culprits.get_column("host").drop_nulls().unique().to_list(),
         confidence=confidence,
-        summary=f"rank {_ranks(ranks)} raised ({first['message'][:160]}) while ranks {_ranks(waiting) or '?'} {waited}",
+        summary=f"{_label(ranks)} raised ({first['message'][:160]}) while {_label(waiting) if waiting else 'the other ranks'} "
+        + (waited.replace("were ", "was ", 1) if len(waiting) == 1 else waited),
         evidence=culprits.get_column("event_id").head(10).to_list(),
     )
 
 
-def _busy_rank(events: pl.DataFrame, waiting: set[int]) -> tuple[int, int, str] | None:
+def busy_rank(events: pl.DataFrame, waiting: set[int]) -> tuple[int, int, str] | None:
     """The last rank-specific activity not from a waiting rank: a progress bar or a line naming a rank.
 
     Progress bars are usually printed by the main process only, so an unprefixed one counts as
-    rank 0's unless rank 0 is among the waiting ranks.
+    rank 0's unless rank 0 is among the waiting ranks. A bar that tqdm left without a newline, with
+    another rank's log line glued after it, is still the bar printer's: the glued line's rank is not.
     """
     has_bar = pl.col("text").fill_null("").str.contains(_PROGRESS_BAR)
+    glued = has_bar & ~pl.col("message").fill_null("").str.contains(_PROGRESS_BAR)
     activity = events.filter(pl.col("kind").is_in(_BUSY_KINDS) | has_bar).with_columns(
         pl.coalesce(
             pl.col("message").str.extract(_RANK_IN_TEXT, 1).cast(pl.Int64, strict=False),
             pl.col("message").str.extract(_RANK_IN_TEXT, 2).cast(pl.Int64, strict=False),
-            pl.col("rank"),
+            pl.when(~glued).then(pl.col("rank")),
             pl.when(has_bar).then(pl.lit(0, dtype=pl.Int64)),
-        ).alias("busy_rank")
+        ).alias("busy_rank"),
+        pl.when(glued)
+        .then(pl.col("text").str.extract(r"^(.*?" + _PROGRESS_BAR + r"[^\]]*\])"))
+        .otherwise(pl.col("message"))
+        .alias("busy_text"),
     )
     activity = activity.filter(pl.col("busy_rank").is_not_null() & ~pl.col("busy_rank").is_in(sorted(waiting)))
     activity = activity.filter(pl.col("kind") != "log.last")
     if activity.height == 0:
         return None
     last = activity.sort("event_id").row(-1, named=True)
-    return int(last["busy_rank"]), int(last["event_id"]), last["message"] or ""
+    return int(last["busy_rank"]), int(last["event_id"]), last["busy_text"] or last["message"] or ""
 
 
 def _ranks(ranks) -> str:
     from analyzer.detect import format_ranks
 
     return format_ranks(list(ranks))
+
+
+def _label(ranks) -> str:
+    """`rank 5`, `ranks 1-3`."""
+    ordered = sorted(set(ranks))
+    return ("rank " if len(ordered) == 1 else "ranks ") + _ranks(ordered)

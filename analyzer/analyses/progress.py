@@ -296,7 +296,30 @@ def _absent_findings(small: pl.DataFrame, progress: pl.DataFrame, events: pl.Dat
     first = culprit_stalls[0]
     earlier = [s for s in stalls if s is not first and _before(s, first)]
     later = [s for s in stalls if s is not first and s not in earlier]
+    if not first["absent"].height:
+        first.update(_silent_context(first, small, events, job))
     return [_absent_finding(first, earlier, later, alive, job)]
+
+
+def _silent_context(stall: dict, small: pl.DataFrame, events: pl.DataFrame, job: JobContext) -> dict:
+    """For a stall whose only suspects are silent: whether the default group's ranks are only inferred
+    (0..highest seen, see `hang.world_ranks`), and which silent rank the waiting ones most likely wait
+    for when the stuck collective may be a barrier (`hang.silent_suspect`)."""
+    from analyzer.analyses.hang import BARRIER_OPS, busy_rank, silent_suspect, world_ranks
+
+    wait_ranks = set(stall["waiting"].get_column("rank").to_list())
+    configured = small.filter(
+        (pl.col("kind") == "fr.pg_status") & pl.col("ranks_ref").is_not_null() & (pl.col("pg").str.extract(_PG_NAME, 1) == stall["pg"])
+    ).height
+    world, inferred = world_ranks(events, job)
+    inferred = inferred and stall["pg"] == "0" and not configured
+    stuck = events.filter(pl.col("event_id").is_in(stall["waiting"].get_column("wait_eid").drop_nulls().to_list()))
+    ops = set(stuck.get_column("op").drop_nulls().str.to_uppercase().to_list()) or ({stall["op"].upper()} if stall["op"] else set())
+    sizes = set(stuck.get_column("numel_in").drop_nulls().to_list())
+    maybe_barrier = bool(ops) and ops <= set(BARRIER_OPS) and sizes <= {1}
+    busy = busy_rank(events, wait_ranks) if maybe_barrier else None
+    suspect = silent_suspect(stall["silent"], wait_ranks, busy, maybe_barrier, inferred)
+    return {"world": world if inferred else None, "suspect": suspect}
 
 
 def _absent_finding(stall: dict, earlier: list[dict], later: list[dict], alive: set[int], job: JobContext) -> dict:
@@ -314,8 +337,20 @@ def _absent_finding(stall: dict, earlier: list[dict], later: list[dict], alive: 
     evidence = absent.get_column("st_eid").drop_nulls().to_list() + absent.get_column("last_eid").drop_nulls().to_list()
     # A few of the waiting ranks: the absent ranks' own entries must stay within the first lines shown.
     evidence += waiting.get_column("wait_eid").drop_nulls().head(WAITING_EVIDENCE).to_list()
-    if silent:
+    world, suspect = stall.get("world"), stall.get("suspect")
+    if silent and world:
+        # The job's size was never stated: its ranks are taken as 0..the highest seen, and said to be.
+        inferred = "a range inferred from the highest rank seen: the job may have more"
+        span = compress_ranks(world)
+        if len(silent) == 1:
+            parts.append(f"rank {silent[0]} is the only one of ranks {span} with no progress evidence ({inferred}; suspect by absence)")
+        else:
+            parts.append(f"no progress evidence from {_ranks_label(silent)} of ranks {span} ({inferred}; suspects by absence)")
+    elif silent:
         parts.append(f"no progress evidence from {_ranks_label(silent)} (suspect{'s' if len(silent) > 1 else ''} by absence)")
+    if suspect is not None:
+        parts.append(suspect.note)
+        evidence = suspect.evidence + evidence
     if earlier:
         parts.append("stalled after " + ", ".join(_stall_text(s) for s in earlier))
     if later:
@@ -340,6 +375,12 @@ def _absent_finding(stall: dict, earlier: list[dict], later: list[dict], alive: 
             confidence -= 0.05
         if len(silent) == 1 and len(wait_ranks) >= 3:
             confidence = max(confidence, 0.5)  # every other rank waits at the same seq: they all point at it
+        if world:
+            confidence = min(confidence, 0.5)  # the job may have more ranks than the highest one seen
+        if suspect is not None:
+            culprits = [suspect.rank]
+            # Seen busy with its own work: evidence. Named by the rank-0 heuristic: a guess, said as one.
+            confidence = max(confidence, 0.6) if suspect.direct else min(confidence, 0.3)
     hosts = [job.rank_hosts[r] for r in culprits if r in job.rank_hosts]
     return finding(
         ABSENT_RULE,

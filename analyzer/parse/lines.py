@@ -89,6 +89,9 @@ def peel_prefixes(lines: pl.DataFrame) -> pl.DataFrame:
     frame = _peel_host_labels(frame)
     int_col = lambda name: pl.col(name).cast(pl.Int64, strict=False)  # noqa: E731
     tee_is_rank = pl.col("tee_role") == "rank"
+    # A line that opens with PyTorch's `[rank3]: ` matches the tee group first (no look-ahead in
+    # the regex engine to keep `rank` out of it), which leaves the space after the colon.
+    frame = frame.with_columns(pl.when(tee_is_rank).then(pl.col("body").str.strip_prefix(" ")).otherwise(pl.col("body")).alias("body"))
     return frame.with_columns(
         pl.coalesce(
             int_col("torch_rank"),
