@@ -43,7 +43,16 @@ def detect(events: pl.DataFrame, job: JobContext, rules: tuple[Rule, ...] | None
             problems.append(f"analysis {name!r} failed: {type(exc).__name__}: {exc}")
             continue
         frames.append(produced.filter(pl.col("rule_id").is_in(sorted(known_ids))))
-    return Detection(concat_findings(frames), problems)
+    return Detection(_without_needless_fallbacks(concat_findings(frames), rules), problems)
+
+
+def _without_needless_fallbacks(findings: pl.DataFrame, rules: tuple[Rule, ...]) -> pl.DataFrame:
+    """A fallback signature ("errors nothing explains") only speaks when no other one did."""
+    fallback_ids = sorted(r.id for r in rules if r.fallback)
+    is_fallback = pl.col("rule_id").is_in(fallback_ids)
+    if findings.filter(~is_fallback).height:
+        return findings.filter(~is_fallback)
+    return findings
 
 
 def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) -> pl.DataFrame:

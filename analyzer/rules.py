@@ -33,7 +33,7 @@ ROLES = frozenset({"cause", "symptom", "context"})
 ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "none"})
 TOP_KEYS = frozenset(
     {"id", "title", "category", "severity", "role", "priority", "confidence", "attribution", "explanation",
-     "remediation", "references", "match", "analysis", "tests"}
+     "remediation", "references", "match", "analysis", "tests", "fallback"}
 )
 MATCH_KEYS = frozenset({"kinds", "anywhere", "message", "message_all", "message_not", "detail", "detail_not", "code", "severity"})
 TEST_KEYS = frozenset({"must_match", "must_not_match", "fixtures", "known_gaps"})
@@ -59,6 +59,7 @@ class Rule:
     path: Path
     match: dict = field(default_factory=dict)
     analysis: str | None = None
+    fallback: bool = False  # reported only when no other signature fired
     tests: dict = field(default_factory=dict)
 
     def expression(self) -> pl.Expr:
@@ -137,6 +138,7 @@ def load_rule(path: Path) -> Rule:
         match=doc.get("match", {}),
         analysis=doc.get("analysis"),
         tests=tests,
+        fallback=bool(doc.get("fallback", False)),
     )
 
 

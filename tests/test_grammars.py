@@ -58,3 +58,9 @@ def test_grammar_is_lalr_and_built_once(name):
 
 def test_non_matching_body_returns_none():
     assert parse_body("c10d", "work", "WorkNCCL(garbage") is None
+
+
+def test_a_number_too_long_for_int_is_no_number():
+    """A corrupted line's 5,000-digit sequence number must not raise (int() refuses > 4,300 digits)."""
+    fields = parse_body("c10d", "work", "WorkNCCL(SeqNum=" + "9" * 5000 + ", OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000)")
+    assert fields == {"seq": None, "op": "ALLREDUCE", "numel_in": 1, "numel_out": 1, "timeout_ms": 600000}

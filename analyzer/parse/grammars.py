@@ -27,7 +27,10 @@ _INT64_MAX = 2**63 - 1
 
 def _int(token) -> int | None:
     """An integer field, or None when it cannot be one (a corrupted line's 30-digit 'sequence number')."""
-    value = int(token)
+    text = str(token).strip()
+    if len(text.lstrip("+-")) > 19:  # beyond int64, and int() refuses more than 4,300 digits anyway
+        return None
+    value = int(text)
     return value if -_INT64_MAX <= value <= _INT64_MAX else None
 
 

@@ -17,7 +17,7 @@ import polars as pl
 from analyzer.discover import InputFile, iter_text_chunks
 from analyzer.events import conform, empty_events
 from analyzer.parse.grammars import parse_body
-from analyzer.parse.lines import lines_frame_many, peel_prefixes
+from analyzer.parse.lines import lines_frame_many, peel_prefixes, split_interleaved
 from analyzer.parse.nodestate import NODE_STATE_START_LITERALS, node_state_events
 
 # --- headers -------------------------------------------------------------------------------------
@@ -27,8 +27,13 @@ from analyzer.parse.nodestate import NODE_STATE_START_LITERALS, node_state_event
 _NCCL = (
     r"^\s*(?:\[(?P<nccl_ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] )?"
     # A spliced half-line from another process can precede the host: skip up to a non-host char.
-    r"(?:\S*?[^\w.\-<>\s])?(?P<nccl_host>[\w.\-<>]+):(?P<nccl_pid>\d+):(?P<nccl_tid>\d+) (?:\[(?P<nccl_dev>\d+)\] )?"
+    r"(?:(?:\S*?[^\w.\-<>\s])?(?P<nccl_host>[\w.\-<>]+):(?P<nccl_pid>\d+):(?P<nccl_tid>\d+) (?:\[(?P<nccl_dev>\d+)\] )?"
     r"(?:[\w/.\-]+\.(?:cc|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**(?:NCCL )?(?P<nccl_level>INFO|WARN|TRACE|CALL|ERROR)\**\s?(?P<nccl_msg>.*)$"
+    # Pasted or redacted lines: `host:XXXXXX [5] ibvwrap.c:262 NCCL WARN`, `include/shm.h:28 NCCL WARN`,
+    # `ibvwrap.cc: NCCL WARN`, a bare `NCCL INFO ...`. Without a numeric host:pid:tid the literal
+    # `NCCL ` before the level is required.
+    r"|(?:(?P<nccl_host_r>[\w.\-<>]+):[Xx*#]{2,}(?::\w+)? )?(?:\[(?P<nccl_dev_r>\d+)\] )?"
+    r"(?:[\w/.\-]+\.(?:cc|c|h|cpp|hpp):\d*:? )?\**NCCL (?P<nccl_level_r>INFO|WARN|TRACE|CALL|ERROR)\**\s?(?P<nccl_msg_r>.*)$)"
 )
 # `[rank0]:[E1130 14:57:41.704937190 ProcessGroupNCCL.cpp:689] msg`, `[E ProcessGroupNCCL.cpp:458] msg`.
 # Searched anywhere in the body: a tqdm bar can precede it on the same line.
@@ -86,13 +91,15 @@ LINE_KINDS: tuple[LineKind, ...] = (
     LineKind("desync.report", "error", r"Timeout at collective: |are the lagging ranks|joined but didn't finish collective", None, ("Timeout at collective: ", "lagging ranks", "joined but didn't finish")),
     LineKind("c10d.fingerprint_mismatch", "error", r"Detected mismatch between collectives on ranks", None, ("Detected mismatch between collectives",)),
     LineKind("c10d.monitored_barrier", "error", r"failed to pass monitoredBarrier", None, ("monitoredBarrier",)),
-    LineKind("nccl.error_raised", "error", r"NCCL error in: ", None, ("NCCL error in: ",)),
-    LineKind("nccl.last_error", "error", r"^Last error:", None, ("Last error:",)),
+    LineKind("nccl.error_raised", "error", r"NCCL error in: |^\s*nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage|InvalidArgument)\b:", None,
+             ("NCCL error in: ", "ncclInternalError:", "ncclSystemError:", "ncclUnhandledCudaError:", "ncclRemoteError:", "ncclInvalidUsage:", "ncclInvalidArgument:")),
+    LineKind("nccl.last_error", "error", r"^\s*Last error:", None, ("Last error:",)),
     LineKind("ddp.unused_parameters", "error", r"Expected to have finished reduction in the prior iteration|did not receive grad for rank|parameters that were not used in producing (?:the )?loss", None, ("finished reduction in the prior iteration", "did not receive grad", "not used in producing")),
     LineKind("c10d.store_error", "error", r"DistStoreError|client socket has timed out|TCP client failed to connect|server socket has failed to|Connection reset by peer|EADDRINUSE|Address already in use", None, ("DistStoreError", "client socket has timed out", "TCP client failed", "server socket has failed", "Connection reset by peer", "EADDRINUSE", "Address already in use")),
     # torchrun / torchelastic
     LineKind("torchrun.worker_failed", "error", r"failed \(exitcode: -?\d+\) local_rank: \d+", None, ("failed (exitcode:",)),
     LineKind("torchrun.sigterm", "info", r"Sending process \d+ closing signal", None, ("closing signal",)),
+    LineKind("launcher.teardown", "info", r"sigkill_handler\]\s*Killing subprocess \d+", None, ("Killing subprocess",)),
     LineKind("torchrun.restart", "warning", r"Worker group FAILED", None, ("Worker group FAILED",)),
     LineKind("torchrun.child_failed", "error", r"ChildFailedError", None, ("ChildFailedError",)),
     LineKind("torchrun.table_section", "info", r"^(?:Root Cause \(first observed failure\)|Root Cause|Failures|Other Failures):\s*$", None, ("Root Cause", "Failures:")),
@@ -194,15 +201,18 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     near = near | pl.col("_cand").shift(-1).over("file").fill_null(False)  # `[N]:` before a table field
     selected = lines.filter(pl.col("_cand") | pl.col("_ctx") | near)
     steps = _sampled_steps(lines.filter(pl.col("_step") & ~pl.col("_cand") & ~pl.col("_ctx") & ~near))
-    chosen = peel_prefixes(pl.concat([selected, steps], how="vertical").sort("file", "line"))
+    # Interleaved writers: a line carrying another process's record becomes logical lines (`part`);
+    # line counts below stay physical (`lines`, and `kept`'s distinct line numbers).
+    chosen = split_interleaved(peel_prefixes(pl.concat([selected, steps], how="vertical").sort("file", "line")))
     classified = _classify(chosen)
     kept = classified.filter(pl.col("kind").is_not_null())
-    events = [_to_events(kept, chosen, year_hint), node_state_events(lines, candidates="_cand")]
+    node_state = node_state_events(lines, candidates="_cand")
+    events = [_to_events(kept, chosen, year_hint), node_state]
     last_files = [p.item.path for p in pieces if p.last_piece]
     last = lines.filter(pl.col("_nonempty") & pl.col("file").is_in(last_files)).group_by("file", maintain_order=True).last()
     if last.height:
-        events.append(_last_line_event(peel_prefixes(last.select("file", "line", "text")), year_hint))
-    _count_lines(pieces, lines, kept)
+        events.append(_last_line_event(split_interleaved(peel_prefixes(last.select("file", "line", "text"))), year_hint))
+    _count_lines(pieces, lines, pl.concat([kept.select("file", "line", "kind"), node_state.select("file", "line", "kind")]))
     if not any(e.height for e in events):
         return empty_events()
     # Kept string columns are views into the whole batch's buffers; copying through Arrow lets the
@@ -232,6 +242,9 @@ def _count_lines(pieces: list[TextPiece], lines: pl.DataFrame, kept: pl.DataFram
 
 def _classify(lines: pl.DataFrame) -> pl.DataFrame:
     frame = lines.with_columns(pl.col("body").str.extract_groups(_NCCL).alias("_n")).unnest("_n")
+    frame = frame.with_columns(
+        *[pl.coalesce(name, f"{name}_r").alias(name) for name in ("nccl_host", "nccl_dev", "nccl_level", "nccl_msg")]
+    ).drop("nccl_host_r", "nccl_dev_r", "nccl_level_r", "nccl_msg_r")
     is_nccl = pl.col("nccl_level").is_not_null()
     has_c10d_hint = pl.col("body").str.contains("] ", literal=True) & ~is_nccl
     frame = frame.with_columns(
@@ -472,11 +485,11 @@ def _parse_warn(message: str | None) -> dict | None:
 def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
     """Attach multi-line context to the lines that need it: tracebacks, `Last error:`, wrapped WorkNCCL."""
     stream = ["file", "pfx_rank", "pfx_host"]
-    ctx = lines.select("line", *stream, "body").with_columns(
+    ctx = lines.select("line", "part", *stream, "body").with_columns(
         pl.col("body").str.contains(_TRACEBACK_LINE).alias("tb"),
         pl.col("body").str.strip_chars().alias("stripped"),
     )
-    ctx = ctx.sort([*stream, "line"], nulls_last=True).with_columns(
+    ctx = ctx.sort([*stream, "line", "part"], nulls_last=True).with_columns(
         pl.col("tb").shift(1).over(stream).fill_null(False).alias("prev_tb"),
         pl.col("stripped").shift(-1).over(stream).alias("next1"),
         pl.col("stripped").shift(-2).over(stream).alias("next2"),
@@ -504,8 +517,8 @@ def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
     wrapped_work = pl.coalesce(
         *[pl.col(n).str.extract(r"(WorkNCCL\((?:[^()]|\(ms\))*\))") for n in ("next1", "next2")]
     )
-    ctx = ctx.select("line", *stream, "stack", last_error.alias("last_error"), wrapped_work.alias("next_work"))
-    events = events.join(ctx, on=["line", *stream], how="left", nulls_equal=True)
+    ctx = ctx.select("line", "part", *stream, "stack", last_error.alias("last_error"), wrapped_work.alias("next_work"))
+    events = events.join(ctx, on=["line", "part", *stream], how="left", nulls_equal=True)
     kind = pl.col("kind")
     events = events.with_columns(
         pl.when(kind == "nccl.error_raised")

@@ -1,0 +1,36 @@
+"""Detect: fallback signatures speak only when nothing else did, so no job is 'clean' by omission."""
+
+from __future__ import annotations
+
+from analyzer.api import analyze
+
+
+def _job(tmp_path, text):
+    (tmp_path / "console.log").write_text(text)
+    return analyze(tmp_path).report
+
+
+def test_an_error_no_signature_knows_is_reported_not_hidden(tmp_path):
+    report = _job(tmp_path, "step 10 loss 2.1\n[2026-11-30 14:58:48] ERROR shard server 3 lost its lease\nstep 11 loss 2.0\n")
+    assert report["verdict"]["category"] == "other"
+    assert [f["rule_id"] for f in report["findings"]] == ["unexplained-errors"]
+    assert "shard server 3 lost its lease" in report["findings"][0]["summary"]
+    assert report["verdict"]["culprit_ranks"] == [] and report["verdict"]["confidence"] <= 0.2
+
+
+def test_an_unknown_nccl_warning_is_reported(tmp_path):
+    report = _job(tmp_path, "gpu-3:1200:1300 [2] transport/foo.cc:77 NCCL WARN something nobody catalogued happened\n")
+    assert [f["rule_id"] for f in report["findings"]] == ["unexplained-nccl-warnings"]
+
+
+def test_fallbacks_are_silent_when_a_signature_explains_the_job(tmp_path):
+    report = _job(tmp_path, "[2026-11-30 14:58:48] ERROR shard server 3 lost its lease\n"
+                            "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+                            "GPU 0 has a total capacity of 79.15 GiB of which 1.20 GiB is free.\n")
+    rule_ids = [f["rule_id"] for f in report["findings"]]
+    assert "cuda-oom" in rule_ids
+    assert not {"unexplained-errors", "unexplained-nccl-warnings"} & set(rule_ids)
+
+
+def test_a_clean_log_has_no_finding(tmp_path):
+    assert _job(tmp_path, "step 10 loss 2.1\nstep 11 loss 2.0\n")["findings"] == []
