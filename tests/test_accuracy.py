@@ -22,6 +22,9 @@ def test_accuracy_on_real_incidents(capsys):
 UNDECIDABLE_DECOYS = {
     "125-ddp-no-route-to-host-wrong-nic": "`No route to host` with no `Bootstrap : Using` line: a firewall REJECT and an "
                                           "address on the wrong NIC read the same; the verdict names both in its advice",
+    "132-nccl221-remote-exited-ib-faulty-nodes": "one surviving rank's `remote process exited` with a socket reset from its "
+                                                 "peer and nothing else: the InfiniBand fault was on other nodes whose logs "
+                                                 "were not posted; the verdict's advice names peer exits and the fabric",
 }
 
 

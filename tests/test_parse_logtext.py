@@ -123,3 +123,70 @@ def test_nccl_result_name_line_and_indented_last_error(tmp_path):
     raised = events.filter(pl.col("kind") == "nccl.error_raised")
     assert raised.select("line", "local_rank", "detail").rows() == [(1, 0, "Bootstrap : no socket interface found")]
     assert events.filter(pl.col("kind") == "nccl.last_error").get_column("line").to_list() == [2, 4]
+
+
+def test_rendezvous_store_wordings_across_versions(tmp_path):
+    """1.x TCPStore name lookup and connect timeout, torchelastic's rendezvous errors (also inside its JSON record)."""
+    events = parse(tmp_path, "ValueError: host not found: Name or service not known\n"
+                             "RuntimeError: connect() timed out. Original timeout was 60000 ms.\n"
+                             '    "message": "RendezvousConnectionError: The connection to the C10d store has failed. See inner exception for details.",\n'
+                             "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n"
+                             "[W socket.cpp:601] [c10d] The IPv6 network addresses of (node-1, 29500) cannot be retrieved (gai error: -2 - Name or service not known).\n")
+    assert events.select("line", "kind").rows() == [
+        (1, "c10d.store_error"), (2, "c10d.store_error"), (3, "c10d.store_error"), (4, "c10d.store_error"), (5, "c10d.warning"),
+    ]
+
+
+def test_nccl_socket_error_quoted_after_last_error_is_not_the_store(tmp_path):
+    events = parse(tmp_path, "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n"
+                             "Last error:\n"
+                             "socketProgressOpt: Call to recv from 172.16.0.4<33759> failed : Connection reset by peer\n"
+                             "socketProgress: Connection closed by remote peer ip-172-31-45-209.eu-north-1.compute.internal<32926>\n")
+    assert events.select("line", "kind").rows() == [
+        (1, "nccl.error_raised"), (2, "nccl.last_error"), (3, "nccl.socket_error"), (4, "nccl.socket_error"),
+    ]
+    assert events.row(0, named=True)["detail"].startswith("socketProgressOpt: Call to recv from")
+
+
+def test_nccl_mismatch_warning_without_its_header(tmp_path):
+    """A markdown paste (backticks) loses NCCL's header; the check's own text still classifies the line."""
+    events = parse(tmp_path, "`init.cc:1247 NCCL WARN Mismatched collective detected, please check your collective calls at and around rank 39.`\n"
+                             "node-1:39719:39719 [3] init.cc:1197 NCCL WARN Mismatched collective detected, please check your collective calls at and around rank 11.\n")
+    assert events.select("line", "kind", "host").rows() == [(1, "nccl.collective_mismatch", None), (2, "nccl.warn", "node-1")]
+
+
+def test_nccl_warn_from_a_cu_source_file(tmp_path):
+    """NCCL <= 2.5 names its sources `*.cu` (`init.cu:1197`, `transport/net_ib.cu:788`)."""
+    events = parse(tmp_path, "node-8x-v100-nvlink-1:39719:39719 [3] transport/net_ib.cu:788 NCCL WARN NET/IB : Got completion with error 4, opcode 1, len 21938, vendor err 81\n")
+    assert events.select("kind", "host", "device").rows() == [("nccl.warn", "node-8x-v100-nvlink-1", 3)]
+
+
+def test_fatal_signal_reports_outside_python(tmp_path):
+    events = parse(tmp_path, "[8d6bf97c3bf4:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical address)\n"
+                             "Fatal Python error: Bus error\n"
+                             "/bin/bash: line 1:  4242 Killed                  python train.py\n"
+                             "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).\n"
+                             "RuntimeError: DataLoader worker (pid 262) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory.\n")
+    assert events.select("line", "kind", "severity").rows() == [
+        (1, "process.fatal_signal", "error"), (2, "process.fatal_signal", "error"), (3, "process.fatal_signal", "error"),
+        (4, "process.fatal_signal", "error"), (5, "traceback.exception", "error"),
+    ]
+
+
+def test_kubernetes_oom_and_eviction_records(tmp_path):
+    events = parse(tmp_path, "      Reason:       OOMKilled\n"
+                             "Pod failed: PodPattern matched: containers: - name: app reason: OOMKilled message: \"/usr/local/pai/runtime: line 30: 7 Killed x.sh\" code: 137\n"
+                             "Message:        The node was low on resource: memory.\n"
+                             "  Warning  Evicted  pod/trainer-0  The node had condition: [MemoryPressure].\n"
+                             "Message:        The node was low on resource: ephemeral-storage. Container pytorch was using 52Gi, which exceeds its request of 0.\n")
+    assert events.select("line", "kind").rows() == [
+        (1, "system.oom_kill"), (2, "system.oom_kill"), (3, "system.oom_kill"), (4, "system.oom_kill"), (5, "system.io_error"),
+    ]
+
+
+def test_bare_cuda_runtime_error_strings(tmp_path):
+    """Horovod and THC print cudaGetErrorString without `CUDA error:`; PyTorch raises it with the head."""
+    events = parse(tmp_path, "CUDA driver version is insufficient for CUDA runtime version at horovod/torch/cuda_util.cc:32\n"
+                             "THCudaCheck FAIL file=THCStorage.cu line=66 error=46 : all CUDA-capable devices are busy or unavailable\n"
+                             "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable\n")
+    assert events.select("line", "kind").rows() == [(1, "cuda.error"), (2, "cuda.error"), (3, "traceback.exception")]

@@ -149,7 +149,7 @@ def _peel_host_labels(frame: pl.DataFrame) -> pl.DataFrame:
 # (`"`, `'`, a backtick) is quoted text: an exception message, a source line, a README.
 _WRAPPER = r"\[[a-z_]+\d+(?:\|\d+)?\]:"  # as `_PREFIX` reads the tee: `[trainer0|0]:` (role|replica)
 _NCCL_TS = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\] "  # NCCL_DEBUG_TIMESTAMP_FORMAT's default
-_NCCL_LEVEL = r" \[\d+\] (?:[\w/.\-]+\.(?:cc|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**NCCL (?:INFO|WARN|TRACE|CALL|ERROR)\b"
+_NCCL_LEVEL = r" \[\d+\] (?:[\w/.\-]+\.(?:cc|cu|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**NCCL (?:INFO|WARN|TRACE|CALL|ERROR)\b"
 _HOST = r"[\w.\-<>]"  # what logtext's NCCL header accepts in a host name
 _NCCL_HEADER = rf"{_HOST}+:\d+:\d+{_NCCL_LEVEL}"
 _QUOTES = "\"'`"
@@ -179,7 +179,7 @@ _OPENING_ONLY = re.compile(rf"\s*(?:{_NCCL_TS})?")
 # A first writer cut inside its own NCCL header, just before the word after it (`n2:1:1 [0] NCCL I`
 # + `n3:5:5 [0] NCCL WARN`): the head of that word runs into the second host's name.
 _NCCL_HEAD_CUT = re.compile(
-    rf"{_HOST}:\d+:\d+ \[\d+\] (?:[\w/.\-]+\.(?:cc|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**(?:NCCL )?$"
+    rf"{_HOST}:\d+:\d+ \[\d+\] (?:[\w/.\-]+\.(?:cc|cu|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**(?:NCCL )?$"
 )
 _NCCL_WORDS = ("NCCL", "INFO", "WARN", "TRACE", "CALL", "ERROR")
 _PEELED = ("collector_ts", "body", "pfx_rank", "pfx_local_rank", "pfx_host", "pfx_pid")

@@ -28,12 +28,12 @@ _NCCL = (
     r"^\s*(?:\[(?P<nccl_ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] )?"
     # A spliced half-line from another process can precede the host: skip up to a non-host char.
     r"(?:(?:\S*?[^\w.\-<>\s])?(?P<nccl_host>[\w.\-<>]+):(?P<nccl_pid>\d+):(?P<nccl_tid>\d+) (?:\[(?P<nccl_dev>\d+)\] )?"
-    r"(?:[\w/.\-]+\.(?:cc|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**(?:NCCL )?(?P<nccl_level>INFO|WARN|TRACE|CALL|ERROR)\**\s?(?P<nccl_msg>.*)$"
+    r"(?:[\w/.\-]+\.(?:cc|cu|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**(?:NCCL )?(?P<nccl_level>INFO|WARN|TRACE|CALL|ERROR)\**\s?(?P<nccl_msg>.*)$"
     # Pasted or redacted lines: `host:XXXXXX [5] ibvwrap.c:262 NCCL WARN`, `include/shm.h:28 NCCL WARN`,
     # `ibvwrap.cc: NCCL WARN`, a bare `NCCL INFO ...`. Without a numeric host:pid:tid the literal
     # `NCCL ` before the level is required.
     r"|(?:(?P<nccl_host_r>[\w.\-<>]+):[Xx*#]{2,}(?::\w+)? )?(?:\[(?P<nccl_dev_r>\d+)\] )?"
-    r"(?:[\w/.\-]+\.(?:cc|c|h|cpp|hpp):\d*:? )?\**NCCL (?P<nccl_level_r>INFO|WARN|TRACE|CALL|ERROR)\**\s?(?P<nccl_msg_r>.*)$)"
+    r"(?:[\w/.\-]+\.(?:cc|cu|c|h|cpp|hpp):\d*:? )?\**NCCL (?P<nccl_level_r>INFO|WARN|TRACE|CALL|ERROR)\**\s?(?P<nccl_msg_r>.*)$)"
 )
 # `[rank0]:[E1130 14:57:41.704937190 ProcessGroupNCCL.cpp:689] msg`, `[E ProcessGroupNCCL.cpp:458] msg`.
 # Searched anywhere in the body: a tqdm bar can precede it on the same line.
@@ -91,11 +91,23 @@ LINE_KINDS: tuple[LineKind, ...] = (
     LineKind("desync.report", "error", r"Timeout at collective: |are the lagging ranks|joined but didn't finish collective", None, ("Timeout at collective: ", "lagging ranks", "joined but didn't finish")),
     LineKind("c10d.fingerprint_mismatch", "error", r"Detected mismatch between collectives on ranks", None, ("Detected mismatch between collectives",)),
     LineKind("c10d.monitored_barrier", "error", r"failed to pass monitoredBarrier", None, ("monitoredBarrier",)),
+    # NCCL's own cross-rank check (2.4-2.7 era), also when the WARN header was lost in a paste.
+    LineKind("nccl.collective_mismatch", "error", r"Mismatched collective detected", None, ("Mismatched collective detected",)),
     LineKind("nccl.error_raised", "error", r"NCCL error in: |^\s*nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage|InvalidArgument)\b:", None,
              ("NCCL error in: ", "ncclInternalError:", "ncclSystemError:", "ncclUnhandledCudaError:", "ncclRemoteError:", "ncclInvalidUsage:", "ncclInvalidArgument:")),
     LineKind("nccl.last_error", "error", r"^\s*Last error:", None, ("Last error:",)),
     LineKind("ddp.unused_parameters", "error", r"Expected to have finished reduction in the prior iteration|did not receive grad for rank|parameters that were not used in producing (?:the )?loss", None, ("finished reduction in the prior iteration", "did not receive grad", "not used in producing")),
-    LineKind("c10d.store_error", "error", r"DistStoreError|client socket has timed out|TCP client failed to connect|server socket has failed to|Connection reset by peer|EADDRINUSE|Address already in use", None, ("DistStoreError", "client socket has timed out", "TCP client failed", "server socket has failed", "Connection reset by peer", "EADDRINUSE", "Address already in use")),
+    # NCCL's socket errors, also when PyTorch quotes them after `Last error:` (no NCCL header): a peer's
+    # data or proxy connection broke, which is not the rendezvous store.
+    LineKind("nccl.socket_error", "error", r"\bCall to (?:recv|send) (?:from|to) \S+ failed\b|^\s*socket\w*: Connection closed by remote peer", None,
+             ("Call to recv", "Call to send", "Connection closed by remote peer")),
+    # The rendezvous store: socket-level wordings of PyTorch 1.x-2.x, torchelastic's rendezvous errors
+    # (also inside its JSON error records), and the 1.x TCPStore name lookup (`host not found: <gai>`).
+    LineKind("c10d.store_error", "error",
+             r"DistStoreError|client socket has timed out|TCP client failed to connect|server socket has failed to|Connection reset by peer|EADDRINUSE|Address already in use"
+             r"|Rendezvous(?:Connection|Timeout)Error|connection to the C10d store has failed|\bconnect\(\) timed out|\bhost not found: ", None,
+             ("DistStoreError", "client socket has timed out", "TCP client failed", "server socket has failed", "Connection reset by peer", "EADDRINUSE", "Address already in use",
+              "RendezvousConnectionError", "RendezvousTimeoutError", "C10d store has failed", "connect() timed out", "host not found: ")),
     # torchrun / torchelastic
     LineKind("torchrun.worker_failed", "error", r"failed \(exitcode: -?\d+\) local_rank: \d+", None, ("failed (exitcode:",)),
     LineKind("torchrun.sigterm", "info", r"Sending process \d+ closing signal", None, ("closing signal",)),
@@ -109,7 +121,17 @@ LINE_KINDS: tuple[LineKind, ...] = (
     LineKind("traceback.exception", "error", _PY_EXCEPTION, None, ("Error", "Exception", "Exit", "Interrupt", "Failure", "Warning", "StopIteration")),
     # system, scheduler and hardware
     LineKind("system.xid", "error", r"NVRM: Xid|\bXid \(PCI:", None, ("Xid",)),
-    LineKind("system.oom_kill", "error", r"Out of memory: Kill(?:ed)? process|oom_kill event|oom-kill|invoked oom-killer|Memory cgroup out of memory", None, ("Out of memory", "oom_kill", "oom-kill", "oom-killer", "out of memory")),
+    # Kernel and cgroup OOM killer, Kubernetes' container reason and the kubelet's memory eviction.
+    LineKind("system.oom_kill", "error",
+             r"Out of memory: Kill(?:ed)? process|oom_kill event|oom-kill|invoked oom-killer|Memory cgroup out of memory"
+             r"|\bOOMKilled\b|low on resource: memory\b|node had condition: \[MemoryPressure\]", None,
+             ("Out of memory", "oom_kill", "oom-kill", "oom-killer", "out of memory", "OOMKilled", "low on resource: memory", "MemoryPressure")),
+    # fatal signals reported outside Python: UCX/glibc handlers, Python's faulthandler, the shell's job
+    # report (`line 30: 7 Killed cmd`), and the DataLoader's bus-error report (a worker's /dev/shm ran out)
+    LineKind("process.fatal_signal", "error",
+             r"Caught signal \d+ \(|Fatal Python error: (?:Bus error|Segmentation fault|Aborted)|\b(?:Bus error|Segmentation fault|Killed) \(core dumped\)"
+             r"|: line \d+:\s+\d+ (?:Killed|Bus error|Segmentation fault)\b|bus error encountered in worker|killed by signal: (?:Bus error|Killed)",
+             None, ("Caught signal", "Fatal Python error", "(core dumped)", "Killed", "Bus error", "Segmentation fault", "bus error encountered", "killed by signal")),
     LineKind("slurm.task_exit", "error", r"^srun: error: \S+: tasks? [\d,\-]+: ", None, ("srun: error:",)),
     LineKind("slurm.cancelled", "error", r"slurmstepd: error: \*\*\* (?:STEP|JOB) ", None, ("slurmstepd: error:",)),
     LineKind("gpu.process", "info", r"(?:^|\|)\s*\d+\s+N/A\s+N/A\s+\d+\s+(?:C|G|C\+G)\s+.*\d+MiB\s*\|?\s*$", None, ("MiB",)),
@@ -123,8 +145,19 @@ LINE_KINDS: tuple[LineKind, ...] = (
         ("MiB", "UUID: GPU-", "Product Name", "Driver Version", "_CudaDeviceProperties", "CUDA device ('",
          "PyTorch version", "torch version", "Torch version", "torch.__version__", "torch=="),
     ),
-    LineKind("cuda.error", "error", r"CUDA error: |CUDA out of memory|uncorrectable ECC error|CUBLAS_STATUS_|cudaErrorLaunchFailure|an illegal memory access", None, ("CUDA error: ", "CUDA out of memory", "ECC error", "CUBLAS_STATUS_", "cudaErrorLaunchFailure", "illegal memory access")),
-    LineKind("system.io_error", "error", r"No space left on device|Disk quota exceeded|Input/output error|Read-only file system|file write failed|Errno 28|Errno 5\]", None, ("No space left on device", "Disk quota exceeded", "Input/output error", "Read-only file system", "file write failed", "Errno 28", "Errno 5]")),
+    # CUDA runtime errors, also without the `CUDA error:` head (Horovod, THC and cutorch print the bare
+    # cudaGetErrorString text): driver older than the runtime, devices busy (exclusive compute mode).
+    LineKind("cuda.error", "error",
+             r"CUDA error: |CUDA out of memory|uncorrectable ECC error|CUBLAS_STATUS_|cudaErrorLaunchFailure|an illegal memory access"
+             r"|CUDA driver version is insufficient|NVIDIA driver on your system is too old|forward compatibility was attempted on non supported HW"
+             r"|CUDA-capable devices?(?:\(s\))? (?:is/are|are|is) busy or unavailable", None,
+             ("CUDA error: ", "CUDA out of memory", "ECC error", "CUBLAS_STATUS_", "cudaErrorLaunchFailure", "illegal memory access",
+              "driver version is insufficient", "driver on your system is too old", "forward compatibility was attempted", "busy or unavailable")),
+    LineKind("system.io_error", "error",
+             r"No space left on device|Disk quota exceeded|Input/output error|Read-only file system|file write failed|Errno 28|Errno 5\]"
+             r"|low on resource: ephemeral-storage\b|node had condition: \[DiskPressure\]", None,
+             ("No space left on device", "Disk quota exceeded", "Input/output error", "Read-only file system", "file write failed", "Errno 28", "Errno 5]",
+              "low on resource: ephemeral-storage", "DiskPressure")),
     LineKind("checkpoint.error", "error", r"PytorchStreamReader failed|failed finding central directory|checkpoints? paths are missing|Error\(s\) in loading state_dict|unexpected EOF|invalid load key", None, ("PytorchStreamReader failed", "central directory", "paths are missing", "in loading state_dict", "unexpected EOF", "invalid load key")),
     # training progress
     LineKind("progress", "info", r"\d+%\|[^|]*\|\s*\d+/\d+ \[", None, ("%|",)),
