@@ -190,3 +190,9 @@ def test_bare_cuda_runtime_error_strings(tmp_path):
                              "THCudaCheck FAIL file=THCStorage.cu line=66 error=46 : all CUDA-capable devices are busy or unavailable\n"
                              "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable\n")
     assert events.select("line", "kind").rows() == [(1, "cuda.error"), (2, "cuda.error"), (3, "traceback.exception")]
+
+
+def test_srun_task_exit_names_its_node(tmp_path):
+    events = parse(tmp_path, "srun: error: sn30-r1-h1: tasks 0-3: Out Of Memory\n"
+                             "slurmstepd: error: *** STEP 30399.0 ON sn30-r1-h1 CANCELLED AT 2024-04-03T09:40:00 DUE TO TIME LIMIT ***\n")
+    assert events.select("kind", "host").rows() == [("slurm.task_exit", "sn30-r1-h1"), ("slurm.cancelled", None)]

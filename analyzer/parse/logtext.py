@@ -403,6 +403,8 @@ def _with_regex_fields(frame: pl.DataFrame) -> pl.DataFrame:
             pl.when(kind == "nccl.env").then(pl.col("message").str.extract(r"(\w+) set by environment")),
         ).alias("code"),
         pl.when(kind == "torchrun.worker_failed").then(_int(r"exitcode: (-?\d+)")).alias("exitcode"),
+        # `srun: error: <node>: task(s) <list>: ...` names the node whose tasks ended.
+        pl.coalesce(pl.when(kind == "slurm.task_exit").then(pl.col("message").str.extract(r"^srun: error: ([^:\s]+): tasks? ")), pl.col("host")).alias("host"),
         pl.when(kind == "torchrun.worker_failed").then(_int(r"local_rank: (\d+)")).otherwise(pl.col("local_rank")).alias("local_rank"),
         pl.when(mismatch)
         .then(
