@@ -210,3 +210,35 @@ def test_heuristics_without_correlate_do_not_invent_ranks_from_pg_ranks():
              "message": "[PG 3 Rank 1] Watchdog caught"}]
     found = hang_heuristics(_events(rows), JobContext())
     assert found.height == 1 and found.get_column("ranks").to_list() == [[]]
+
+
+# --- watchdog lines without SeqNum (torch < 1.10) and Horovod's stall check -----------------------
+
+
+def _noseq(rank: int, op: str = "BROADCAST") -> str:
+    return (f"[E ProcessGroupNCCL.cpp:566] [Rank {rank}] Watchdog caught collective operation timeout: "
+            f"WorkNCCL(OpType={op}, Timeout(ms)=60000) ran for 66853 milliseconds before timing out.")
+
+
+def test_seqless_timeouts_name_the_lone_silent_rank_not_a_divergence(tmp_path):
+    verdict, found, _ = _run(tmp_path, _noseq(1), _noseq(2), _noseq(3), _ABORT)
+    assert verdict["category"] == "rank_absent_from_collective" and verdict["culprit_ranks"] == [0]
+    assert DIVERGED not in found and found[ABSENT]["confidence"] <= 0.5
+
+
+def test_seqless_timeouts_in_different_ops_name_nobody(tmp_path):
+    _, found, _ = _run(tmp_path, _noseq(1), _noseq(2, op="ALLGATHER"), _noseq(3), _ABORT)
+    assert ABSENT not in found
+
+
+def test_horovod_ready_ranks_name_the_complement(tmp_path):
+    line = "Stalled ops: HorovodBroadcast_w_0 [ready ranks: 5, 6, 3, 1, 4, 0], HorovodBroadcast_b_0 [ready ranks: 5, 6, 3, 1, 4, 0]"
+    verdict, found, _ = _run(tmp_path, line)
+    assert verdict["category"] == "rank_absent_from_collective" and verdict["culprit_ranks"] == [2]
+    assert found["horovod-stalled-rank-missing"]["confidence"] == 0.6
+
+
+def test_horovod_missing_ranks_are_named_directly(tmp_path):
+    lines = [f"[1,0]<stderr>:[2019-04-13 13:53:31.851506: W horovod/common/operations.cc:588] HorovodBroadcast_{n}_0 [missing ranks: 1]" for n in ("a", "b")]
+    verdict, found, _ = _run(tmp_path, *lines)
+    assert verdict["culprit_ranks"] == [1] and found["horovod-stalled-rank-missing"]["confidence"] == 0.8

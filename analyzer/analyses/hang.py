@@ -91,6 +91,9 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             summary=summary,
             evidence=(suspect.evidence if suspect else []) + evidence,
         )])
+    unplaced = _unplaced_absent(events, timeouts, stuck, silent, waiting, world, inferred, job)
+    if unplaced is not None:
+        return findings_frame([unplaced])
     if stuck["op"] is not None:
         if stuck["numel_in"] is None and op_name in BARRIER_OPS and silent:
             # Size unknown (a pre-2.0 watchdog line) while a rank of the job left no timeout line: the
@@ -104,6 +107,73 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             evidence=evidence,
         )])
     return findings_frame([])
+
+
+@register("horovod_stall")
+def horovod_stall(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
+    """Horovod's stall check names, per stalled op, the ranks that did not submit it
+    (`[missing ranks: 1]`) or, before 0.16, those that did (`[ready ranks: 5, 6, 3, 1, 4, 0]`).
+    The culprits are the ranks missing from every stalled op; from `ready` lists they are the
+    complement within the job's ranks (0..the highest seen unless something states the size)."""
+    lines = events.filter(pl.col("kind") == "horovod.stall").with_columns(
+        pl.col("message").str.extract(r"\[missing ranks: ([\d, ]+)\]").str.extract_all(r"\d+").cast(pl.List(pl.Int64)).alias("missing"),
+        pl.col("message").str.extract(r"\[ready ranks: ([\d, ]+)\]").str.extract_all(r"\d+").cast(pl.List(pl.Int64)).alias("ready"),
+    ).filter(pl.col("missing").is_not_null() | pl.col("ready").is_not_null())
+    if lines.height == 0:
+        return findings_frame([])
+    named = [set(m) for m in lines.get_column("missing").drop_nulls().to_list()]
+    ready = [set(r) for r in lines.get_column("ready").drop_nulls().to_list()]
+    highest = max([max(s) for s in named + ready if s] + [(job.world_size or 0) - 1])
+    world = set(range(highest + 1))
+    per_op = named + [world - r for r in ready]
+    stalled = set.intersection(*per_op) or set.union(*per_op)
+    if not stalled:
+        return findings_frame([])
+    ranks = sorted(stalled)
+    from_ready = not named
+    inferred = from_ready and not job.world_size
+    note = f" (the complement of the ready ranks within 0-{highest}, a range inferred from the highest rank seen)" if inferred else ""
+    return findings_frame([finding(
+        "horovod-stalled-rank-missing",
+        ranks=ranks,
+        hosts=[job.rank_hosts[r] for r in ranks if r in job.rank_hosts],
+        confidence=0.6 if inferred else 0.8,
+        summary=f"Horovod's stall check: {_label(ranks)} never submitted {lines.height} stalled op(s) the other ranks wait in{note}",
+        evidence=lines.get_column("event_id").head(10).to_list(),
+    )])
+
+
+def _unplaced_absent(
+    events: pl.DataFrame, timeouts: pl.DataFrame, stuck: dict, silent: list[int], waiting: set[int],
+    world: list[int], inferred: bool, job: JobContext,
+) -> dict | None:
+    """Ranks absent from a collective whose watchdog lines carry no SeqNum (torch < 1.10).
+
+    The progress matrix places ranks by sequence number, so it cannot place these lines; nothing
+    else in the job (Flight Recorder, pg_status) can either. When every rank that logged timed out
+    in the same op, a lone rank of the job that left no line is the one the others wait for, as
+    the matrix says of a seq it can place; the confidence follows its rule (several silent ranks
+    more likely mean lines cut from an excerpt) and stays moderate where the range is inferred.
+    """
+    if stuck["seq"] is not None or not silent or len(waiting) < 2:
+        return None
+    if timeouts.get_column("op").drop_nulls().n_unique() != 1:
+        return None
+    if events.filter(pl.col("kind").is_in(["fr.entry", "fr.pg_status", "watchdog.pg_status"])).height:
+        return None  # the progress matrix has something to place and speaks for itself
+    share = len(silent) / (len(silent) + len(waiting))
+    confidence = 0.5 if len(silent) == 1 and len(waiting) >= 3 else 0.4 if share < 0.5 else 0.25
+    if inferred:
+        confidence = min(confidence, 0.5)
+    return finding(
+        "hang-rank-absent-from-collective",
+        ranks=silent,
+        hosts=[job.rank_hosts[r] for r in silent if r in job.rank_hosts],
+        confidence=confidence,
+        summary=f"{_label(waiting)} timed out in {stuck['op']} (no SeqNum); no timeout line from {_label(silent)}"
+        + range_note(world, inferred) + " (suspect by absence)",
+        evidence=timeouts.get_column("event_id").head(10).to_list(),
+    )
 
 
 # --- shared with the progress matrix -----------------------------------------------------------

@@ -91,6 +91,10 @@ LINE_KINDS: tuple[LineKind, ...] = (
     LineKind("desync.report", "error", r"Timeout at collective: |are the lagging ranks|joined but didn't finish collective", None, ("Timeout at collective: ", "lagging ranks", "joined but didn't finish")),
     LineKind("c10d.fingerprint_mismatch", "error", r"Detected mismatch between collectives on ranks", None, ("Detected mismatch between collectives",)),
     LineKind("c10d.monitored_barrier", "error", r"failed to pass monitoredBarrier", None, ("monitoredBarrier",)),
+    # Horovod's stall check: each stalled op with the ranks that submitted it (`[ready ranks: ...]`,
+    # older) or those that did not (`[missing ranks: ...]`, 0.16 on).
+    LineKind("horovod.stall", "error", r"\[(?:ready|missing) ranks: \d[\d, ]*\]|submitted to be reduced, gathered or broadcasted by subset of ranks", None,
+             ("ready ranks:", "missing ranks:", "subset of ranks")),
     # NCCL's own cross-rank check (2.4-2.7 era), also when the WARN header was lost in a paste.
     LineKind("nccl.collective_mismatch", "error", r"Mismatched collective detected", None, ("Mismatched collective detected",)),
     LineKind("nccl.error_raised", "error", r"NCCL error in: |^\s*nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage|InvalidArgument)\b:", None,
