@@ -34,3 +34,15 @@ def test_fallbacks_are_silent_when_a_signature_explains_the_job(tmp_path):
 
 def test_a_clean_log_has_no_finding(tmp_path):
     assert _job(tmp_path, "step 10 loss 2.1\nstep 11 loss 2.0\n")["findings"] == []
+
+
+def test_an_nvls_setup_failure_is_the_fabric_unless_it_is_out_of_memory(tmp_path):
+    # The same NVLS error chain: a CUDA 'invalid argument' is the NVSwitch fabric (fabric manager),
+    # a CUDA 'out of memory' is memory, whichever transport happened to allocate.
+    chain = "node1:100:200 [0] NCCL INFO transport/nvls.cc:394 -> 1\nnode1:100:200 [0] NCCL INFO init.cc:1196 -> 1\n"
+    (tmp_path / "fabric").mkdir()
+    (tmp_path / "memory").mkdir()
+    fabric = _job(tmp_path / "fabric", "node1:100:200 [0] transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'\n" + chain)
+    memory = _job(tmp_path / "memory", "node1:100:200 [0] transport/nvls.cc:244 NCCL WARN Cuda failure 2 'out of memory'\n" + chain)
+    assert (fabric["verdict"]["category"], fabric["verdict"]["rule_id"]) == ("p2p_nvlink_or_pcie_error", "nccl-nvls-setup-failure")
+    assert memory["verdict"]["category"] == "cuda_oom_on_some_ranks"

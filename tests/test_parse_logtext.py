@@ -196,3 +196,12 @@ def test_srun_task_exit_names_its_node(tmp_path):
     events = parse(tmp_path, "srun: error: sn30-r1-h1: tasks 0-3: Out Of Memory\n"
                              "slurmstepd: error: *** STEP 30399.0 ON sn30-r1-h1 CANCELLED AT 2024-04-03T09:40:00 DUE TO TIME LIMIT ***\n")
     assert events.select("kind", "host").rows() == [("slurm.task_exit", "sn30-r1-h1"), ("slurm.cancelled", None)]
+
+
+def test_nccl_warn_keeps_its_source_location(tmp_path):
+    events = parse(tmp_path, "gpu47:1822:1822 [0] transport/nvls.cc:223 NCCL WARN Cuda failure 999 'unknown error'\n"
+                             "gpu47:1822:1822 [0] NCCL WARN Cuda failure 999 'unknown error'\n")
+    assert events.select("message", "detail").rows() == [
+        ("Cuda failure 999 'unknown error'", "transport/nvls.cc:223"),
+        ("Cuda failure 999 'unknown error'", None),
+    ]

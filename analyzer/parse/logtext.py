@@ -564,6 +564,10 @@ def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
         .then(pl.col("last_error"))
         .when(kind == "traceback.exception")
         .then(pl.col("stack"))
+        # The WARN's source location tells which part of NCCL failed (`transport/nvls.cc:223`):
+        # a generic `Cuda failure 999` from the NVLS transport is a fabric problem.
+        .when(kind == "nccl.warn")
+        .then(pl.col("body").str.extract(r"([\w/.\-]+\.(?:cc|cu|c|h|cpp|hpp):\d+) (?:\(\w+\) )?\**NCCL WARN"))
         .alias("detail")
     )
     return _merge_wrapped_work(events)
