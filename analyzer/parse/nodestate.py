@@ -60,10 +60,10 @@ def node_state_events(lines: pl.DataFrame, candidates: str | None = None) -> pl.
     # are read, so a console log that prints `nvidia-smi -L` once is not read again in full.
     marked = lines.select("file", "line", "text", starts.alias("_start"))
     block_start = pl.when(pl.col("_start")).then(pl.col("line")).forward_fill().over("file")
-    candidates = marked.filter((pl.col("line") - block_start).is_between(0, _BLOCK_LINES)).drop("_start")
-    if candidates.height == 0:
+    in_blocks = marked.filter((pl.col("line") - block_start).is_between(0, _BLOCK_LINES)).drop("_start")
+    if in_blocks.height == 0:
         return empty_events()
-    frame = _structured(candidates)
+    frame = _structured(in_blocks)
     parts = [_ecc(frame), _ecc_query(frame), _row_remap(frame), _ib_ports(frame), _nvlink(frame)]
     parts = [p for p in parts if p.height]
     if not parts:
