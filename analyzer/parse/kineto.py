@@ -21,7 +21,6 @@ tail; a writer that put large nested members after `traceEvents` would read as t
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from collections.abc import Iterator
