@@ -7,6 +7,7 @@ frames derived from this one.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -80,3 +81,16 @@ def concat_events(frames: Iterable[pl.DataFrame]) -> pl.DataFrame:
     if not frames:
         return empty_events()
     return pl.concat(frames, how="vertical").rechunk()
+
+
+def detached(frame: pl.DataFrame) -> pl.DataFrame:
+    """A copy of `frame` that shares no buffer with the frame it was cut from.
+
+    String columns of a filtered frame can be views into the whole source batch; a round trip
+    through polars' own IPC writer in the oldest layout (offsets, not views) copies only the bytes
+    the rows use, so the batch can be freed. Polars-native: no pyarrow.
+    """
+    buffer = io.BytesIO()
+    frame.write_ipc(buffer, compat_level=pl.CompatLevel.oldest())
+    buffer.seek(0)
+    return pl.read_ipc(buffer)

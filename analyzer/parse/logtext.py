@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 import polars as pl
 
 from analyzer.discover import InputFile, iter_text_chunks
-from analyzer.events import conform, empty_events
+from analyzer.events import conform, detached, empty_events
 from analyzer.parse.grammars import parse_body
 from analyzer.parse.lines import lines_frame_many, peel_prefixes, split_interleaved
 from analyzer.parse.nodestate import NODE_STATE_START_LITERALS, node_state_events
@@ -252,9 +252,9 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     _count_lines(pieces, lines, pl.concat([kept.select("file", "line", "kind"), node_state.select("file", "line", "kind")]))
     if not any(e.height for e in events):
         return empty_events()
-    # Kept string columns are views into the whole batch's buffers; copying through Arrow lets the
-    # batch be freed, so memory stays bounded by one batch rather than growing with the input.
-    return pl.from_arrow(pl.concat([e for e in events if e.height], how="vertical").to_arrow())
+    # Kept string columns are views into the whole batch's buffers: detach them so the batch can be
+    # freed and memory stays bounded by one batch rather than growing with the input.
+    return detached(pl.concat([e for e in events if e.height], how="vertical"))
 
 
 def _sampled_steps(steps: pl.DataFrame) -> pl.DataFrame:
