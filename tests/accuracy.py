@@ -1,4 +1,11 @@
-"""Accuracy of the verdict against every fixture that carries a truth.toml (helper for the tests)."""
+"""Accuracy of the verdict against every fixture that carries a truth.toml (helper for the tests).
+
+`python -m tests.accuracy [--round N]` prints the per-case table and the figures a held-out round is
+scored by: category and culprit accuracy, silent failures (a failure case whose verdict is `none`) and
+false alarms (a healthy run under fixtures/healthy with any finding, or a benign decoy case whose truth
+is `none` with a verdict). A case's round is its truth.toml `round`; a healthy run's is `round` in the
+`about.toml` beside its job/ (runs without one belong to no round).
+"""
 
 from __future__ import annotations
 
@@ -21,10 +28,21 @@ class CaseResult:
     ranks: list[int]
     hosts: list[str]
     subset: bool
+    round: int | None = None
 
     @property
     def category_ok(self) -> bool:
         return self.category == self.truth_category
+
+    @property
+    def silent(self) -> bool:
+        """A failure the analyzer did not report at all."""
+        return self.truth_category != "none" and self.category == "none"
+
+    @property
+    def false_alarm(self) -> bool:
+        """A benign run (truth `none`) that got a verdict."""
+        return self.truth_category == "none" and self.category != "none"
 
     @property
     def has_culprit(self) -> bool:
@@ -61,7 +79,44 @@ def evaluate(case: Path) -> CaseResult:
         ranks=verdict["culprit_ranks"],
         hosts=verdict["culprit_hosts"],
         subset=truth.get("culprit_match") == "subset",
+        round=truth.get("round"),
     )
+
+
+@dataclass
+class HealthyResult:
+    name: str
+    category: str
+    findings: int
+    round: int | None
+
+    @property
+    def false_alarm(self) -> bool:
+        return self.category != "none" or self.findings > 0
+
+
+def healthy_runs() -> list[Path]:
+    return sorted(p.parent for p in (FIXTURES / "healthy").glob("*/job"))
+
+
+def evaluate_healthy(run: Path) -> HealthyResult:
+    about = run / "about.toml"
+    meta = tomllib.loads(about.read_text(encoding="utf-8")) if about.is_file() else {}
+    report = analyze(run / "job").report
+    return HealthyResult(run.name, report["verdict"]["category"], len(report["findings"]), meta.get("round"))
+
+
+def round_figures(results: list[CaseResult], healthy: list[HealthyResult]) -> str:
+    """The first-contact line of a held-out round: what the README's held-out table records."""
+    with_culprit = [r for r in results if r.has_culprit]
+    failures = [r for r in results if r.truth_category != "none"]
+    benign = [r for r in results if r.truth_category == "none"]
+    alarms = sum(r.false_alarm for r in benign) + sum(h.false_alarm for h in healthy)
+    return (f"category {sum(r.category_ok for r in results)}/{len(results)}, "
+            f"culprit {sum(r.culprit_ok for r in with_culprit)}/{len(with_culprit)}, "
+            f"silent {sum(r.silent for r in failures)}/{len(failures)}, "
+            f"false alarms {alarms}/{len(benign) + len(healthy)} "
+            f"(healthy runs {len(healthy)}, benign decoys {len(benign)})")
 
 
 def summarise(results: list[CaseResult]) -> tuple[float, float, str]:
@@ -81,5 +136,27 @@ def summarise(results: list[CaseResult]) -> tuple[float, float, str]:
     return category_acc, culprit_acc, "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.accuracy", description=__doc__.splitlines()[0])
+    parser.add_argument("--round", type=int, help="only the cases and healthy runs of this held-out round")
+    args = parser.parse_args(argv)
+    results = [evaluate(c) for c in truth_cases()]
+    healthy = [evaluate_healthy(h) for h in healthy_runs()]
+    if args.round is not None:
+        results = [r for r in results if r.round == args.round]
+        healthy = [h for h in healthy if h.round == args.round]
+        if not results:
+            raise SystemExit(f"no case has round = {args.round} in its truth.toml")
+    print(summarise(results)[2])
+    for h in healthy:
+        print(f"healthy {h.name:50} {h.category:34} {'FALSE ALARM' if h.false_alarm else 'ok'}"
+              f"{f' ({h.findings} findings)' if h.findings else ''}")
+    silent = [r.name for r in results if r.silent]
+    print(("silent failures: " + ", ".join(silent)) if silent else "silent failures: none")
+    print(f"{'round ' + str(args.round) if args.round is not None else 'whole corpus'}: {round_figures(results, healthy)}")
+
+
 if __name__ == "__main__":
-    print(summarise([evaluate(c) for c in truth_cases()])[2])
+    main()
