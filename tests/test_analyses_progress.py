@@ -23,6 +23,7 @@ from analyzer.parse.flight_recorder import flight_recorder_events, parse_flight_
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FR_DIR = SHARED / "formats-samples" / "flight-recorder"
+needs_shared_dumps = pytest.mark.skipif(not FR_DIR.is_dir(), reason="../shared/formats-samples/flight-recorder is not beside this checkout")
 ABSENT = "hang-rank-absent-from-collective"
 MISMATCH = "hang-collective-mismatch"
 T0 = 1_796_050_641_000_000_000
@@ -100,6 +101,7 @@ def _hang(world: int, late: dict[int, int], *, target: int = 35, op: str = "nccl
 # --- real samples ---------------------------------------------------------------------------------
 
 
+@needs_shared_dumps
 def test_real_timeout_dumps_name_rank_1():
     _template()
     events = concat_events(parse_flight_recorder(item)[0] for item in discover(FR_DIR / "timeout-dump_TORCH_NCCL_DUMP_ON_TIMEOUT"))
@@ -109,6 +111,7 @@ def test_real_timeout_dumps_name_rank_1():
     assert found["evidence"]
 
 
+@needs_shared_dumps
 def test_real_api_dump_of_a_healthy_run_is_silent():
     _template()
     events = concat_events(parse_flight_recorder(item)[0] for item in discover(FR_DIR / "api-dump") if item.format in ("pickle", "flight_recorder_json"))
