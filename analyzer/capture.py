@@ -809,6 +809,10 @@ def run_capture(
     me = os.getpid()
     # Never match ourselves or the shell / watchdog that started us by --pattern or --slurm-job.
     selection = select(tree, pids=pids, pattern=pattern, slurm_job=slurm_job, exclude={me, *tree.ancestors(me)})
+    if not selection.jobs:
+        # Nothing to capture: write nothing (no node context of a job that is not there).
+        return {"status": "nothing captured", "notes": selection.notes, "processes": [], "node": [],
+                "summary": {"processes": 0, "captured": 0, "partial": 0, "failed": 0}}
     cfg = Capture(find_py_spy(py_spy), timeout, native, flight_recorder)
     out.mkdir(parents=True, exist_ok=True)
     chosen = {w.pid for job in selection.jobs for w in job.workers}
@@ -965,8 +969,12 @@ def _report(manifest: dict, out: Path) -> None:
         click.echo(line)
     for record in manifest["node"]:
         click.echo(f"{record['call']:>22}  {record['status']:<9} {record.get('file') or record.get('reason', '')}")
-    if not processes:
-        click.echo("no training process selected on this node", err=True)
     summary = manifest.get("summary", {})
+    if not processes:
+        click.echo("no training process selected on this node; nothing written", err=True)
+        return
+    if not summary.get("captured", 0) + summary.get("partial", 0):
+        click.echo(f"nothing captured ({summary.get('failed', 0)} failed); manifest: {out / MANIFEST}", err=True)
+        return
     click.echo(f"{summary.get('captured', 0)} captured, {summary.get('partial', 0)} partial, {summary.get('failed', 0)} failed; "
                f"manifest: {out / MANIFEST}; next: postmortem analyze {out}")

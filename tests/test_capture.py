@@ -194,6 +194,15 @@ def test_capture_refuses_to_overwrite_and_needs_a_selector(tmp_path):
     assert result.exit_code == 2 and "--pid PID" in result.output
 
 
+def test_a_pid_that_does_not_exist_writes_nothing_and_suggests_nothing(tmp_path):
+    missing = next(pid for pid in range(999_999, 1_000_000_000, 7919) if not Path(f"/proc/{pid}").exists())
+    out = tmp_path / "cap"
+    result = CliRunner().invoke(main, ["capture", "--pid", str(missing), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert not out.exists(), "no node context (nor anything else) is written for a job that is not there"
+    assert "postmortem analyze" not in result.output and "nothing written" in result.output
+
+
 # --- failure modes, each against real processes -----------------------------------------------------
 
 
