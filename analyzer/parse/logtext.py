@@ -17,6 +17,7 @@ import polars as pl
 from analyzer.discover import InputFile, iter_text_chunks
 from analyzer.events import conform, detached, empty_events
 from analyzer.parse.grammars import parse_body
+from analyzer.parse.line_kinds import LineKind, line_kinds
 from analyzer.parse.lines import lines_frame_many, peel_prefixes, split_interleaved
 from analyzer.parse.nodestate import NODE_STATE_START_LITERALS, node_state_events
 
@@ -46,129 +47,15 @@ _GLOG = (
     r"^(?P<g_level>[IWEF])(?P<g_md>\d{4}) (?P<g_time>\d\d:\d\d:\d\d\.\d+)\s+\d+ "
     r"[\w./\-]+\.(?:cpp|py|cc|h):\d+\] (?P<g_msg>.*)$"
 )
-_PY_EXCEPTION = (
-    r"^(?P<exc_type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Warning)|KeyboardInterrupt|StopIteration))"
-    r"(?::\s?(?P<exc_msg>.*))?$"
-)
 _TRACEBACK_LINE = r'^\s*(?:File ".*", line \d+|Traceback \(most recent call last\)|\^+\s*$|~*\^+~*\s*$)|^\s{2,}\S'
 
 # --- line kinds -------------------------------------------------------------------------------------
-# (kind, severity, regex over the message, restricted to lines with this header family or None for any)
-# First match wins, so specific kinds precede generic ones.
+# The registry (grammars/line_kinds.toml): regex, severity, header family and prefilter literals per
+# kind, validated at load. First match wins, so specific kinds precede generic ones.
 
-
-@dataclass(frozen=True)
-class LineKind:
-    kind: str
-    severity: str
-    pattern: str
-    family: str | None = None  # "nccl", "c10d", or None (any line)
-    literals: tuple[str, ...] = ()  # the prefilter: a line without any of these never reaches `pattern`
-
-
-LINE_KINDS: tuple[LineKind, ...] = (
-    # NCCL debug output
-    LineKind("nccl.warn", "warning", r"^", "nccl_warn", ("NCCL WARN", " WARN ")),
-    LineKind("nccl.error_chain", "info", r"^[\w/.\-]+\.(?:cc|h|c|cpp):\d+ -> \d+", "nccl", (" -> ",)),
-    LineKind("nccl.version", "info", r"^NCCL version \S+", "nccl", ("NCCL version",)),
-    LineKind("nccl.topology", "info", r"nRanks \d+ nNodes \d+ localRanks \d+", "nccl", ("nNodes",)),
-    LineKind("nccl.comm_init", "info", r"comm 0x[0-9a-fA-F]+ rank \d+ nr?anks \d+ cudaDev \d+.*Init (?:START|COMPLETE)", "nccl", ("Init START", "Init COMPLETE")),
-    LineKind("nccl.comm_teardown", "info", r"- (?:Abort|Destroy) (?:START|COMPLETE)", "nccl", ("Abort START", "Abort COMPLETE", "Destroy COMPLETE", "Destroy START")),
-    LineKind("nccl.env", "info", r" set by environment to ", "nccl", (" set by environment to ",)),
-    LineKind("nccl.transport", "info", r" via (?:P2P|SHM|NET|COLLNET|direct shared memory)", "nccl", (" via ",)),
-    LineKind("nccl.net", "info", r"NET/Plugin|Plugin Path|P2P plugin|Using network|NET/IB|NET/Socket|Bootstrap ?: ?(?:Using|no socket)|No usable listening interface|NET : Using interface|Failed to open libibverbs", "nccl", ("NET/", "Plugin", "Using network", "Bootstrap", "No usable listening interface", "NET : Using interface", "Failed to open libibverbs")),
-    LineKind("nccl.conn_closed", "warning", r"Connection closed by", "nccl", ("Connection closed by",)),
-    LineKind("nccl.cuda_driver", "info", r"^cudaDriverVersion \d+", "nccl", ("cudaDriverVersion",)),
-    LineKind("nccl.version", "info", r"^NCCL version \S+\+cuda", None, ("NCCL version",)),
-    # PyTorch c10d / ProcessGroupNCCL
-    LineKind("watchdog.timeout", "error", r"Watchdog caught collective operation timeout|^\s*WorkNCCL\((?:[^()]|\(ms\))*\)\s*(?:ran for|$)", None, ("Watchdog caught", "WorkNCCL(")),
-    LineKind("watchdog.pg_status", "error", r"detected by watchdog at work|Timeout at NCCL work:|Received a dump signal due to a collective timeout", None, ("detected by watchdog at work", "Timeout at NCCL work:", "Received a dump signal")),
-    LineKind("watchdog.heartbeat", "error", r"watchdog got stuck for \d+ seconds|Heartbeat monitor timed out", None, ("watchdog got stuck", "Heartbeat monitor timed out")),
-    LineKind("watchdog.dump", "info", r"flight recorder dump signal|First PG on this rank to signal dumping|preparing to dump debug info", None, ("dump signal", "to signal dumping", "preparing to dump")),
-    LineKind("watchdog.abort", "error", r"Some NCCL operations have failed or timed out|taking the entire process down|watchdog thread terminated with exception|Terminating the process after attempting to dump", None, ("Some NCCL operations have failed", "taking the entire process down", "watchdog thread terminated", "Terminating the process")),
-    LineKind("native.frame", "info", r"^#\d+\s+0x[0-9a-f]+ in ", None, ("0x",)),
-    LineKind("watchdog.frame", "error", r"(?:checkTimeout|watchdogHandler|ncclCommWatchdog|Watchdog::run|workCleanupLoop)\b", None, ("checkTimeout", "watchdogHandler", "ncclCommWatchdog", "Watchdog::run", "workCleanupLoop")),
-    LineKind("desync.report", "error", r"Timeout at collective: |are the lagging ranks|joined but didn't finish collective", None, ("Timeout at collective: ", "lagging ranks", "joined but didn't finish")),
-    LineKind("c10d.fingerprint_mismatch", "error", r"Detected mismatch between collectives on ranks", None, ("Detected mismatch between collectives",)),
-    LineKind("c10d.monitored_barrier", "error", r"failed to pass monitoredBarrier", None, ("monitoredBarrier",)),
-    # Horovod's stall check: each stalled op with the ranks that submitted it (`[ready ranks: ...]`,
-    # older) or those that did not (`[missing ranks: ...]`, 0.16 on).
-    LineKind("horovod.stall", "error", r"\[(?:ready|missing) ranks: \d[\d, ]*\]|submitted to be reduced, gathered or broadcasted by subset of ranks", None,
-             ("ready ranks:", "missing ranks:", "subset of ranks")),
-    # NCCL's own cross-rank check (2.4-2.7 era), also when the WARN header was lost in a paste.
-    LineKind("nccl.collective_mismatch", "error", r"Mismatched collective detected", None, ("Mismatched collective detected",)),
-    LineKind("nccl.error_raised", "error", r"NCCL error in: |^\s*nccl(?:InternalError|SystemError|UnhandledCudaError|RemoteError|InvalidUsage|InvalidArgument)\b:", None,
-             ("NCCL error in: ", "ncclInternalError:", "ncclSystemError:", "ncclUnhandledCudaError:", "ncclRemoteError:", "ncclInvalidUsage:", "ncclInvalidArgument:")),
-    LineKind("nccl.last_error", "error", r"^\s*Last error:", None, ("Last error:",)),
-    LineKind("ddp.unused_parameters", "error", r"Expected to have finished reduction in the prior iteration|did not receive grad for rank|parameters that were not used in producing (?:the )?loss", None, ("finished reduction in the prior iteration", "did not receive grad", "not used in producing")),
-    # NCCL's socket errors, also when PyTorch quotes them after `Last error:` (no NCCL header): a peer's
-    # data or proxy connection broke, which is not the rendezvous store.
-    LineKind("nccl.socket_error", "error", r"\bCall to (?:recv|send) (?:from|to) \S+ failed\b|^\s*socket\w*: Connection closed by remote peer", None,
-             ("Call to recv", "Call to send", "Connection closed by remote peer")),
-    # The rendezvous store: socket-level wordings of PyTorch 1.x-2.x, torchelastic's rendezvous errors
-    # (also inside its JSON error records), and the 1.x TCPStore name lookup (`host not found: <gai>`).
-    LineKind("c10d.store_error", "error",
-             r"DistStoreError|client socket has timed out|TCP client failed to connect|server socket has failed to|Connection reset by peer|EADDRINUSE|Address already in use"
-             r"|Rendezvous(?:Connection|Timeout)Error|connection to the C10d store has failed|\bconnect\(\) timed out|\bhost not found: ", None,
-             ("DistStoreError", "client socket has timed out", "TCP client failed", "server socket has failed", "Connection reset by peer", "EADDRINUSE", "Address already in use",
-              "RendezvousConnectionError", "RendezvousTimeoutError", "C10d store has failed", "connect() timed out", "host not found: ")),
-    # torchrun / torchelastic
-    LineKind("torchrun.worker_failed", "error", r"failed \(exitcode: -?\d+\) local_rank: \d+", None, ("failed (exitcode:",)),
-    LineKind("torchrun.sigterm", "info", r"Sending process \d+ closing signal", None, ("closing signal",)),
-    LineKind("launcher.teardown", "info", r"sigkill_handler\]\s*Killing subprocess \d+", None, ("Killing subprocess",)),
-    LineKind("torchrun.restart", "warning", r"Worker group FAILED", None, ("Worker group FAILED",)),
-    LineKind("torchrun.child_failed", "error", r"ChildFailedError", None, ("ChildFailedError",)),
-    LineKind("torchrun.table_section", "info", r"^(?:Root Cause \(first observed failure\)|Root Cause|Failures|Other Failures):\s*$", None, ("Root Cause", "Failures:")),
-    LineKind("torchrun.table_field", "info", r"^\s*(?:\[\d+\]:|time\s*:|host\s*:|rank\s*:\s*-?\d+ \(local_rank|exitcode\s*:|error_file\s*:|traceback\s*:|msg\s*:)", None, ("time      :", "host      :", "rank      :", "exitcode  :", "error_file:", "traceback :", "msg:", "<NO_OTHER_FAILURES>")),
-    # Python tracebacks
-    LineKind("traceback.start", "info", r"Traceback \(most recent call last\)", None, ("Traceback (most recent call last)",)),
-    LineKind("traceback.exception", "error", _PY_EXCEPTION, None, ("Error", "Exception", "Exit", "Interrupt", "Failure", "Warning", "StopIteration")),
-    # system, scheduler and hardware
-    LineKind("system.xid", "error", r"NVRM: Xid|\bXid \(PCI:", None, ("Xid",)),
-    # Kernel and cgroup OOM killer, Kubernetes' container reason and the kubelet's memory eviction.
-    LineKind("system.oom_kill", "error",
-             r"Out of memory: Kill(?:ed)? process|oom_kill event|oom-kill|invoked oom-killer|Memory cgroup out of memory"
-             r"|\bOOMKilled\b|low on resource: memory\b|node had condition: \[MemoryPressure\]", None,
-             ("Out of memory", "oom_kill", "oom-kill", "oom-killer", "out of memory", "OOMKilled", "low on resource: memory", "MemoryPressure")),
-    # fatal signals reported outside Python: UCX/glibc handlers, Python's faulthandler, the shell's job
-    # report (`line 30: 7 Killed cmd`), and the DataLoader's bus-error report (a worker's /dev/shm ran out)
-    LineKind("process.fatal_signal", "error",
-             r"Caught signal \d+ \(|Fatal Python error: (?:Bus error|Segmentation fault|Aborted)|\b(?:Bus error|Segmentation fault|Killed) \(core dumped\)"
-             r"|: line \d+:\s+\d+ (?:Killed|Bus error|Segmentation fault)\b|bus error encountered in worker|killed by signal: (?:Bus error|Killed)",
-             None, ("Caught signal", "Fatal Python error", "(core dumped)", "Killed", "Bus error", "Segmentation fault", "bus error encountered", "killed by signal")),
-    LineKind("slurm.task_exit", "error", r"^srun: error: \S+: tasks? [\d,\-]+: ", None, ("srun: error:",)),
-    LineKind("slurm.cancelled", "error", r"slurmstepd: error: \*\*\* (?:STEP|JOB) ", None, ("slurmstepd: error:",)),
-    LineKind("gpu.process", "info", r"(?:^|\|)\s*\d+\s+N/A\s+N/A\s+\d+\s+(?:C|G|C\+G)\s+.*\d+MiB\s*\|?\s*$", None, ("MiB",)),
-    # GPU, driver and framework inventory (nvidia-smi tables and -q, device properties, version prints)
-    LineKind(
-        "system.inventory", "info",
-        r"^\|\s*\d+\s+\S.*?\s{2,}(?:On|Off)\s+\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:|\|\s*\d+MiB\s*/\s*\d+MiB\s*\|"
-        r"|^GPU \d+: .+\(UUID: GPU-|^\s*Product Name\s*:|Driver Version\s*:|_CudaDeviceProperties\(|CUDA device \('"
-        r"|(?i:pytorch|torch)(?: version|\.__version__)\s*[:=]?\s*v?\d+\.\d+|\btorch==\d",
-        None,
-        ("MiB", "UUID: GPU-", "Product Name", "Driver Version", "_CudaDeviceProperties", "CUDA device ('",
-         "PyTorch version", "torch version", "Torch version", "torch.__version__", "torch=="),
-    ),
-    # CUDA runtime errors, also without the `CUDA error:` head (Horovod, THC and cutorch print the bare
-    # cudaGetErrorString text): driver older than the runtime, devices busy (exclusive compute mode).
-    LineKind("cuda.error", "error",
-             r"CUDA error: |CUDA out of memory|uncorrectable ECC error|CUBLAS_STATUS_|cudaErrorLaunchFailure|an illegal memory access"
-             r"|CUDA driver version is insufficient|NVIDIA driver on your system is too old|forward compatibility was attempted on non supported HW"
-             r"|CUDA-capable devices?(?:\(s\))? (?:is/are|are|is) busy or unavailable", None,
-             ("CUDA error: ", "CUDA out of memory", "ECC error", "CUBLAS_STATUS_", "cudaErrorLaunchFailure", "illegal memory access",
-              "driver version is insufficient", "driver on your system is too old", "forward compatibility was attempted", "busy or unavailable")),
-    LineKind("system.io_error", "error",
-             r"No space left on device|Disk quota exceeded|Input/output error|Read-only file system|file write failed|Errno 28|Errno 5\]"
-             r"|low on resource: ephemeral-storage\b|node had condition: \[DiskPressure\]", None,
-             ("No space left on device", "Disk quota exceeded", "Input/output error", "Read-only file system", "file write failed", "Errno 28", "Errno 5]",
-              "low on resource: ephemeral-storage", "DiskPressure")),
-    LineKind("checkpoint.error", "error", r"PytorchStreamReader failed|failed finding central directory|checkpoints? paths are missing|Error\(s\) in loading state_dict|unexpected EOF|invalid load key", None, ("PytorchStreamReader failed", "central directory", "paths are missing", "in loading state_dict", "unexpected EOF", "invalid load key")),
-    # training progress
-    LineKind("progress", "info", r"\d+%\|[^|]*\|\s*\d+/\d+ \[", None, ("%|",)),
-    LineKind("train.step", "info", r"(?i)\b(?:iter(?:ation)?|step|global_step)\b[ =:#]*\d+\b.*\bloss\b", None, ("loss",)),
-    LineKind("train.end", "info", r"`Trainer.fit` stopped|Training completed|training finished|Finished training", None, ("Trainer.fit` stopped", "Training completed", "training finished", "Finished training")),
-    LineKind("log.error", "error", r"\b(?:ERROR|FATAL|CRITICAL)\b|\bError: ", None, ("ERROR", "FATAL", "CRITICAL", "Error: ")),
-)
+LINE_KINDS: tuple[LineKind, ...] = line_kinds()
+_PY_EXCEPTION = next(k.pattern for k in LINE_KINDS if k.kind == "traceback.exception")
+_TABLE_KINDS = ["torchrun.table_field", "torchrun.table_section", "torchrun.table_entry"]
 
 _KIND_SEVERITY = {k.kind: k.severity for k in LINE_KINDS}
 
@@ -578,7 +465,7 @@ def _failure_table_entries(events: pl.DataFrame) -> pl.DataFrame:
 
     Table lines are a handful per job, so grouping them in Python costs nothing.
     """
-    table = events.filter(pl.col("kind").is_in(["torchrun.table_field", "torchrun.table_section"])).sort("file", "line")
+    table = events.filter(pl.col("kind").is_in(_TABLE_KINDS)).sort("file", "line")
     entries: list[dict] = []
     section = "Failures"
     current: dict | None = None

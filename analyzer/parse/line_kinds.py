@@ -1,0 +1,108 @@
+"""Stage 2 support (parse): the line-kind registry, `grammars/line_kinds.toml`, loaded and validated once.
+
+A new kind of line is a row of data, not code: its regex, severity, header family and example
+lines. The Aho-Corasick prefilter literals are derived from the regex (`literals.py`) or, when a
+row declares them, checked to cover it; a row that cannot be prefiltered safely fails to load,
+naming the file, the kind and the field. The registry's order is the match order (first wins).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import polars as pl
+
+from analyzer.parse.literals import covers, required_literals
+from analyzer.resources import data_dir
+
+SEVERITIES = frozenset({"error", "warning", "info"})
+FAMILIES = frozenset({"nccl", "nccl_warn"})
+# An NCCL WARN line is recognised by its header, whose level word is spelled `WARN` (logtext._NCCL).
+FAMILY_LITERALS = {"nccl_warn": ("WARN",)}
+_KEYS = frozenset({"kind", "severity", "family", "pattern", "literals", "prefilter", "examples"})
+_REQUIRED = ("kind", "severity", "pattern", "examples")
+
+
+class LineKindError(ValueError):
+    """The registry file is malformed; the message names the file, the kind and the field."""
+
+
+@dataclass(frozen=True)
+class LineKind:
+    kind: str
+    severity: str
+    pattern: str
+    family: str | None = None  # "nccl", "nccl_warn", or None (any line)
+    literals: tuple[str, ...] = ()  # the prefilter: a line without any of these never reaches `pattern`
+    examples: tuple[str, ...] = ()
+    neighbour_only: bool = False  # reaches the regex only as the line before a prefilter candidate
+
+
+@cache
+def line_kinds(path: str | None = None) -> tuple[LineKind, ...]:
+    source = Path(path) if path else data_dir("grammars") / "line_kinds.toml"
+    try:
+        doc = tomllib.loads(source.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise LineKindError(f"{source.name}: cannot be read as TOML: {exc}") from exc
+    rows = doc.get("kind")
+    if not isinstance(rows, list) or not rows or set(doc) != {"kind"}:
+        raise LineKindError(f"{source.name}: expected only [[kind]] tables")
+    return tuple(_row(source.name, i, row) for i, row in enumerate(rows, start=1))
+
+
+def _row(name: str, index: int, row: dict) -> LineKind:
+    where = f"{name}: kind #{index} {row.get('kind', '?')!r}"
+    unknown = set(row) - _KEYS
+    if unknown:
+        raise LineKindError(f"{where}: unknown fields {sorted(unknown)}")
+    for key in _REQUIRED:
+        if key not in row:
+            raise LineKindError(f"{where}: missing field {key!r}")
+    if row["severity"] not in SEVERITIES:
+        raise LineKindError(f"{where}: severity {row['severity']!r} is not one of {sorted(SEVERITIES)}")
+    family = row.get("family")
+    if family is not None and family not in FAMILIES:
+        raise LineKindError(f"{where}: family {family!r} is not one of {sorted(FAMILIES)}")
+    pattern = row["pattern"]
+    _check_compiles(where, pattern)
+    if row.get("prefilter") not in (None, "neighbour"):
+        raise LineKindError(f"{where}: prefilter {row['prefilter']!r} must be \"neighbour\" or absent")
+    neighbour = row.get("prefilter") == "neighbour"
+    examples = tuple(row["examples"])
+    if not examples or not all(isinstance(e, str) and e for e in examples):
+        raise LineKindError(f"{where}: examples must be a non-empty list of lines")
+    return LineKind(row["kind"], row["severity"], pattern, family, _literals(where, row, family, neighbour), examples, neighbour)
+
+
+def _literals(where: str, row: dict, family: str | None, neighbour: bool) -> tuple[str, ...]:
+    declared = tuple(row.get("literals", ()))
+    if neighbour:
+        if declared:
+            raise LineKindError(f"{where}: a neighbour-only kind declares no literals")
+        return ()
+    if family in FAMILY_LITERALS:
+        return FAMILY_LITERALS[family] + declared
+    if declared:
+        if not all(isinstance(x, str) and x for x in declared):
+            raise LineKindError(f"{where}: literals must be non-empty strings")
+        if not covers(declared, row["pattern"]):
+            raise LineKindError(f"{where}: literals {list(declared)} do not cover the pattern (a matching line may hold none of them)")
+        return declared
+    derived = required_literals(row["pattern"])
+    if not derived:
+        raise LineKindError(f"{where}: no prefilter literal can be derived from the pattern; declare covering literals")
+    return tuple(sorted(derived))
+
+
+def _check_compiles(where: str, pattern: str) -> None:
+    # Both engines: the literal derivation reads Python's parse tree, polars (Rust regex) runs it.
+    try:
+        re.compile(pattern)
+        pl.Series([""], dtype=pl.String).str.contains(pattern)
+    except Exception as exc:  # noqa: BLE001 - re.error or polars' ComputeError
+        raise LineKindError(f"{where}: pattern does not compile: {exc}") from exc

@@ -1,0 +1,108 @@
+"""The line-kind registry (grammars/line_kinds.toml): loads validated, its prefilter covers its patterns,
+and every example line is classified as its kind alone and mid-file."""
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analyzer.discover import discover
+from analyzer.parse.line_kinds import LineKindError, line_kinds
+from analyzer.parse.literals import covers, required_literals
+from analyzer.parse.logtext import LINE_KINDS, PREFILTER_LITERALS, parse_text_file
+
+KINDS = line_kinds()
+BEFORE = "starting the training script on this node"
+AFTER = "the training script goes on with its next batch"
+FIELD_AFTER = "  time      : 2024-05-01_10:00:00"  # a prefilter candidate after a neighbour-only line
+
+
+def kinds_of(tmp_path: Path, text: str) -> dict[int, set[str]]:
+    (tmp_path / "x.log").write_text(text)
+    (item,) = discover(tmp_path)
+    events = parse_text_file(item, 2026).filter(pl.col("kind") != "log.last")
+    out: dict[int, set[str]] = {}
+    for line, kind in events.select("line", "kind").iter_rows():
+        out.setdefault(line, set()).add(kind)
+    return out
+
+
+EXAMPLES = [(k, e) for k in KINDS for e in k.examples]
+
+
+@pytest.mark.parametrize("kind,example", EXAMPLES, ids=[f"{k.kind}-{i}" for i, (k, _) in enumerate(EXAMPLES)])
+def test_example_is_its_kind_alone_and_mid_file(tmp_path, kind, example):
+    after = FIELD_AFTER if kind.neighbour_only else AFTER
+    if not kind.neighbour_only:
+        assert kind.kind in kinds_of(tmp_path, example + "\n").get(1, set())
+    got = kinds_of(tmp_path, f"{BEFORE}\n{example}\n{after}\n").get(2, set())
+    assert kind.kind in got, f"{example!r} mid-file gave {got}"
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if not k.neighbour_only and k.family != "nccl_warn"], ids=lambda k: k.kind)
+def test_prefilter_literals_cover_the_pattern(kind):
+    assert covers(kind.literals, kind.pattern)
+    assert set(kind.literals) <= set(PREFILTER_LITERALS) or kind.kind in ("train.step", "progress")
+
+
+def test_plugin_line_mid_file_is_kept(tmp_path):
+    # A hand-kept literal `Plugin` used to drop this line (lower-case `plugin`) mid-file.
+    text = f"{BEFORE}\nnode-1:100:200 [0] NCCL INFO P2P plugin IBext\n{AFTER}\n"
+    assert kinds_of(tmp_path, text)[2] == {"nccl.net"}
+
+
+def test_registry_order_is_the_match_order():
+    assert tuple(LINE_KINDS) == KINDS and KINDS[0].kind == "nccl.warn"
+
+
+@pytest.mark.parametrize(
+    "pattern,expected",
+    [
+        (r"Init (?:START|COMPLETE)", {"Init START", "Init COMPLETE"}),
+        (r"time +:", {"time "}),
+        (r"^#\d+\s+0x[0-9a-f]+ in ", {" in "}),
+        (r"foo|b.r", {"foo", "b"}),
+        (r"foo|\d+", None),
+        (r"(?i)loss", None),
+        (r"(?i:step)\s*\d+.*\bloss\b", {"loss"}),
+    ],
+)
+def test_required_literals(pattern, expected):
+    got = required_literals(pattern)
+    assert (set(got) if got is not None else None) == expected
+
+
+def test_covers_rejects_a_literal_spanning_lowercase_variant():
+    assert not covers(["Plugin"], r"NET/Plugin|P2P plugin")
+    assert covers(["Plugin", "plugin"], r"NET/Plugin|P2P plugin")
+    assert not covers(["ab"], r"a?b")
+
+
+BAD_ROWS = [
+    ("severity = 'loud'", "severity 'loud'"),
+    ("colour = 'red'", "unknown fields ['colour']"),
+    ("literals = ['Plugin']", "do not cover the pattern"),
+    ("family = 'gloo'", "family 'gloo'"),
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD_ROWS)
+def test_bad_row_fails_with_file_kind_and_field(tmp_path, extra, message):
+    body = "[[kind]]\nkind = 'x.y'\nseverity = 'info'\npattern = 'NET/Plugin|P2P plugin'\nexamples = ['P2P plugin']\n"
+    body = body.replace("severity = 'info'\n", "") if extra.startswith("severity") else body
+    path = tmp_path / "kinds.toml"
+    path.write_text(body + extra + "\n")
+    with pytest.raises(LineKindError, match=r"kinds\.toml: kind #1 'x\.y'") as info:
+        line_kinds(str(path))
+    assert message in str(info.value)
+
+
+def test_bad_pattern_and_missing_literal_fail(tmp_path):
+    path = tmp_path / "kinds.toml"
+    path.write_text("[[kind]]\nkind = 'x.y'\nseverity = 'info'\npattern = '(unclosed'\nexamples = ['a']\n")
+    with pytest.raises(LineKindError, match="does not compile"):
+        line_kinds(str(path))
+    other = tmp_path / "kinds2.toml"
+    other.write_text("[[kind]]\nkind = 'x.z'\nseverity = 'info'\npattern = '[0-9]+'\nexamples = ['1']\n")
+    with pytest.raises(LineKindError, match="no prefilter literal"):
+        line_kinds(str(other))
