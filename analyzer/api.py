@@ -2,6 +2,10 @@
 
 `analyze(path)` returns an `Analysis` holding the frames (events, ranked findings) and the report
 document (the versioned JSON contract, see `schema/report.schema.json`). Renderers read it.
+
+It raises `DiscoveryError` (exit 2) when there is nothing to analyse: no file, nothing readable, or
+files of which none holds a line of any training-log format ("no evidence" is not "no failure").
+Exceptions of the analyzer's own (anything outside `analyzer.exits.INPUT_ERRORS`) propagate.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from analyzer.correlate import JobFacts, correlate
 from analyzer.decide import decide
 from analyzer.detect import detect, format_ranks
 from analyzer.discover import DiscoveryError, InputFile, discover
-from analyzer.parse import parse_inputs
+from analyzer.exits import INPUT_ERRORS
+from analyzer.parse import TEXT_FORMATS, parse_inputs
 from analyzer.rules import Rule, rules_by_id
 
 SCHEMA_VERSION = "1.1"  # 1.1: optional job.host_facts and checkpoints
@@ -25,10 +30,19 @@ MAX_EVIDENCE_LINES = 8
 
 _HANG_CATEGORIES = {"nccl_timeout", "rank_absent_from_collective", "collective_mismatch"}
 _SLOW_CATEGORIES = {"straggler", "degraded_transport", "fragmented_memory"}
+# The event every text file yields for its last line, whatever the line holds: not evidence that
+# the file is a training log.
+_LAST_LINE_KIND = "log.last"
+_READ = ("parsed", "partial")
+NOT_READ_REASONS_SHOWN = 3
 
 
 class NothingToAnalyse(DiscoveryError):
     """Every input was unreadable or skipped."""
+
+
+class NoTrainingLogs(NothingToAnalyse):
+    """Files were read, but none holds a line of any format this analyzer knows."""
 
 
 @dataclass
@@ -45,7 +59,7 @@ def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()
     if not inputs:
         raise NothingToAnalyse(f"{path}: the directory holds no files")
     raw = parse_inputs(inputs)
-    if not any(item.status in ("parsed", "partial") for item in inputs):
+    if not any(item.status in _READ for item in inputs):
         reasons = "; ".join(f"{i.path}: {i.reason}" for i in inputs[:5])
         raise NothingToAnalyse(f"{path}: nothing readable ({reasons})")
     events, facts = correlate(raw, inputs)
@@ -55,9 +69,21 @@ def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()
     detection = detect(events, job)
     decision = decide(detection.findings, rules)
     checkpoints = _checkpoint_records(events, job, detection.problems)
+    if not (decision.ranked.height or checkpoints or _holds_training_lines(events, inputs)):
+        read = sum(item.status in _READ for item in inputs)
+        raise NoTrainingLogs(f"{path}: no training logs found: {read} file{'s' if read != 1 else ''} read, "
+                             "none of a known format")
     report = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems,
                           checkpoints)
     return Analysis(events, decision.ranked, facts, inputs, report)
+
+
+def _holds_training_lines(events: pl.DataFrame, inputs: list[InputFile]) -> bool:
+    """Some input is of a known format: a parsed dump, trace, manifest..., or a text line a parser
+    recognised (a text file's last-line event alone recognises nothing)."""
+    if any(item.status in _READ and item.format not in TEXT_FORMATS for item in inputs):
+        return True
+    return events.filter(pl.col("kind") != _LAST_LINE_KIND).height > 0
 
 
 def _record_input_ranks(events: pl.DataFrame, inputs: list[InputFile]) -> None:
@@ -85,7 +111,7 @@ def build_report(
 ) -> dict:
     by_id = events.select("event_id", "file", "line", "rank", "text").rows_by_key("event_id", named=True, unique=True)
     findings = [_finding_doc(row, rules[row["rule_id"]], by_id) for row in ranked.iter_rows(named=True)]
-    verdict = _verdict_doc(findings, verdict_rule)
+    verdict = _verdict_doc(findings, verdict_rule, inputs)
     report = {
         "schema_version": SCHEMA_VERSION,
         "analyzer_version": __version__,
@@ -94,7 +120,7 @@ def build_report(
             "world_size": facts.world_size,
             "ranks": facts.ranks,
             "hosts": facts.hosts,
-            "outcome": _outcome(verdict, events),
+            "outcome": _outcome(verdict, events, inputs),
             "host_facts": _host_fact_records(events, problems),
         },
         "verdict": verdict,
@@ -113,7 +139,7 @@ def _checkpoint_records(events: pl.DataFrame, job: JobContext, problems: list[st
 
     try:
         return report_records(audit_job(events, job))
-    except Exception as exc:  # noqa: BLE001 - a failed audit must not cost the rest of the report
+    except INPUT_ERRORS as exc:  # the audit reads files: one it cannot take must not cost the rest of the report
         problems.append(f"checkpoint audit failed: {type(exc).__name__}: {exc}")
         return None
 
@@ -122,11 +148,7 @@ def _host_fact_records(events: pl.DataFrame, problems: list[str]) -> list[dict]:
     """Per-host facts table (versions, plugin, env, GPUs) with the cells that differ named."""
     from analyzer.hostfacts import host_fact_records
 
-    try:
-        return host_fact_records(events)
-    except Exception as exc:  # noqa: BLE001 - a failed table must not cost the rest of the report
-        problems.append(f"host facts table failed: {type(exc).__name__}: {exc}")
-        return []
+    return host_fact_records(events)
 
 
 def _finding_doc(row: dict, rule: Rule, by_id: dict) -> dict:
@@ -150,12 +172,12 @@ def _finding_doc(row: dict, rule: Rule, by_id: dict) -> dict:
     }
 
 
-def _verdict_doc(findings: list[dict], rule: Rule | None) -> dict:
+def _verdict_doc(findings: list[dict], rule: Rule | None, inputs: list[InputFile]) -> dict:
     if rule is None or not findings:
         return {
             "category": "none",
             "title": "No failure found",
-            "summary": "No failure signature matched any input.",
+            "summary": "No failure signature matched any input." + _not_read(inputs),
             "culprit_ranks": [],
             "culprit_hosts": [],
             "confidence": 1.0,
@@ -194,10 +216,27 @@ def _verdict_doc(findings: list[dict], rule: Rule | None) -> dict:
     }
 
 
-def _outcome(verdict: dict, events: pl.DataFrame) -> str:
+def _not_read(inputs: list[InputFile]) -> str:
+    """For a clean verdict: the inputs it did not see (caps reached, unreadable, skipped), by reason."""
+    unread = [i for i in inputs if i.status not in _READ]
+    if not unread:
+        return ""
+    by_reason: dict[str, int] = {}
+    for item in unread:
+        key = f"{item.status}: {item.reason or 'no reason given'}"
+        by_reason[key] = by_reason.get(key, 0) + 1
+    shown = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))[:NOT_READ_REASONS_SHOWN]
+    listed = "; ".join(f"{n} {reason}" for reason, n in shown)
+    more = f"; {len(by_reason) - len(shown)} other reason(s), see the inputs table" if len(by_reason) > len(shown) else ""
+    return (f" Not read: {len(unread)} of {len(inputs)} inputs ({listed}{more}); a failure recorded only there"
+            " would not be seen.")
+
+
+def _outcome(verdict: dict, events: pl.DataFrame, inputs: list[InputFile]) -> str:
     category = verdict["category"]
     if category == "none":
-        return "ok" if events.height else "unknown"
+        # "ok" claims the run was healthy: not when an input could not be read.
+        return "ok" if events.height and not any(i.status == "error" for i in inputs) else "unknown"
     if category in _HANG_CATEGORIES:
         return "hang"
     if category in _SLOW_CATEGORIES:

@@ -1,34 +1,114 @@
 """The `postmortem` command: a thin shell over `analyzer.api` and the catalogue.
 
-Exit codes are a contract: 0 nothing found, 1 failure identified, 2 could not analyse.
+Exit codes are a contract (`analyzer.exits`): 0 nothing found, 1 failure identified, 2 could not
+analyse, 3 internal error. Every command runs under the same mapping: `CannotAnalyse` is exit 2
+with its message; any other exception is the analyzer's own fault, reported as "internal error" on
+standard error (the traceback with --debug) and exit 3, never as a verdict.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import traceback
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from analyzer import __version__
+from analyzer.exits import (  # noqa: F401 - EXIT_* re-exported for analyzer.scan until it imports analyzer.exits
+    EXIT_CANNOT_ANALYSE,
+    EXIT_FAILURE_FOUND,
+    EXIT_INTERNAL_ERROR,
+    EXIT_NOTHING_FOUND,
+    CannotAnalyse,
+)
 
-EXIT_NOTHING_FOUND = 0
-EXIT_FAILURE_FOUND = 1
-EXIT_CANNOT_ANALYSE = 2
+# Piped or redirected text is read with grep and less, not a terminal: never hard-wrapped.
+PIPE_WIDTH = 4096
+_DEBUG = "postmortem.debug"
 
 
-class CannotAnalyse(click.ClickException):
-    """Could not analyse at all: exit 2, not click's default 1 (which means 'failure identified')."""
+class _CannotAnalyseExit(click.ClickException):
+    """click's form of `CannotAnalyse`: exit 2, not click's default 1 (which means 'failure identified')."""
 
     exit_code = EXIT_CANNOT_ANALYSE
 
 
-@click.group()
+class _Postmortem(click.Group):
+    """The command group, mapping what a command raises to the exit-status contract."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except CannotAnalyse as exc:
+            raise _CannotAnalyseExit(str(exc)) from exc
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            raise  # click's own outcomes; a closed pipe is click's to handle quietly
+        except Exception as exc:  # noqa: BLE001 - whatever escaped the library's input boundaries is a bug
+            _report_internal_error(exc, debug=ctx.meta.get(_DEBUG, False))
+            raise click.exceptions.Exit(EXIT_INTERNAL_ERROR) from exc
+
+
+def _report_internal_error(exc: Exception, *, debug: bool) -> None:
+    if debug:
+        click.echo("".join(traceback.format_exception(exc)), err=True, nl=False)
+    click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+    if not debug:
+        click.echo("This is a fault of postmortem, not a verdict on the job; --debug prints the traceback.", err=True)
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta[_DEBUG] = True  # meta is shared by the whole command chain
+
+
+_debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+                             help="On an internal error, print the traceback.")
+
+
+@click.group(cls=_Postmortem)
 @click.version_option(__version__, prog_name="postmortem")
+@_debug_option
 def main() -> None:
     """Post-mortem analysis of crashed, hung and slow distributed training jobs."""
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Fail before any work when `path` cannot be written: a missing folder, a folder in its place, no
+    permission. An existing file is opened for appending (nothing written); a new one is created and
+    removed again, which also catches read-only file systems and root-squashed mounts."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise CannotAnalyse(f"cannot write the {what} to {path}: it is a directory")
+    if not parent.is_dir():
+        reason = "is not a directory" if parent.exists() else "does not exist"
+        raise CannotAnalyse(f"cannot write the {what} to {path}: the folder {parent} {reason}")
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise CannotAnalyse(f"cannot write the {what} to {path}: {exc.strerror or exc}") from exc
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def _write(path: Path, text: str, what: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8", newline="\n")
+    except OSError as exc:  # checked before the analysis, but a disk can fill up meanwhile
+        raise CannotAnalyse(f"cannot write the {what} to {path}: {exc.strerror or exc}") from exc
+
+
+def report_console(*, to_terminal: bool | None = None) -> Console:
+    """The console `analyze` renders on: the terminal's own width and colours on a terminal; piped,
+    redirected or to a file, lines as long as they are (no hard wrap) and no colour codes."""
+    terminal = Console().is_terminal if to_terminal is None else to_terminal
+    if terminal:
+        return Console(highlight=False, emoji=False)
+    return Console(width=PIPE_WIDTH, soft_wrap=True, no_color=True, color_system=None, highlight=False, emoji=False)
 
 
 @main.command()
@@ -42,38 +122,45 @@ def main() -> None:
               help="A checkpoint file or directory to audit besides those found in JOB (repeatable).")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write a self-contained HTML report with a cross-rank timeline to this file.")
+@_debug_option
 def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoints: tuple[Path, ...],
             html_path: Path | None) -> None:
     """Analyse the job directory (or log file, or archive) JOB and print the verdict.
 
-    Exit status: 0 nothing found, 1 failure identified, 2 could not analyse.
+    Exit status: 0 nothing found, 1 failure identified, 2 could not analyse (also: no training log
+    among the inputs, an output path that cannot be written), 3 internal error (no report is printed).
     """
     from analyzer.api import analyze as run_analysis
     from analyzer.discover import DiscoveryError
 
+    if output is not None:
+        check_writable(output, "report")
+    if html_path is not None:
+        check_writable(html_path, "HTML report")
     try:
         result = run_analysis(job, checkpoint_paths=tuple(str(c) for c in checkpoints))
     except DiscoveryError as exc:
         raise CannotAnalyse(str(exc)) from exc
     report = result.report
-    if html_path:
-        from analyzer.render.html import write_html
-
-        write_html(result, html_path)
+    # Everything is rendered before anything is written: an internal error in a renderer leaves no
+    # verdict and no half JSON document behind.
     if fmt == "json":
         text = json.dumps(report, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
-        if output:
-            output.write_text(text, encoding="utf-8")
-        else:
-            click.echo(text, nl=False)
     else:
         from analyzer.render.text import render_text
 
-        if output:
-            with output.open("w", encoding="utf-8") as fh:
-                render_text(report, Console(file=fh, width=160, no_color=True, emoji=False), all_inputs=all_inputs)
-        else:
-            render_text(report, Console(highlight=False, emoji=False), all_inputs=all_inputs)
+        console = report_console(to_terminal=False if output is not None else None)
+        with console.capture() as captured:
+            render_text(report, console, all_inputs=all_inputs)
+        text = captured.get()
+    if html_path is not None:
+        from analyzer.render.html import render_html
+
+        _write(html_path, render_html(result), "HTML report")
+    if output is not None:
+        _write(output, text, "report")
+    else:
+        click.echo(text, nl=False, color=True)  # colour codes are there only when rich saw a terminal
     sys.exit(EXIT_NOTHING_FOUND if report["verdict"]["category"] == "none" else EXIT_FAILURE_FOUND)
 
 
@@ -118,11 +205,58 @@ def rules_test() -> None:
     sys.exit(1 if failures else 0)
 
 
+@main.command()
+@click.argument("job", type=click.Path(path_type=Path))
+@click.option("--ranks", "ranks_spec", metavar="R[,R-R...]", help="Only these ranks, e.g. 0,3-5 (default: all, the diverging ones first when more than --max-ranks).")
+@click.option("--pg", "pgs", multiple=True, metavar="NAME", help="Only this process group (repeatable).")
+@click.option("--last", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Sequence numbers shown per group (from just before the first divergence, else the newest).")
+@click.option("--max-ranks", type=click.IntRange(min=1), default=8, show_default=True, help="Rank columns shown per group.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def collectives(job: Path, ranks_spec: str | None, pgs: tuple[str, ...], last: int, max_ranks: int, fmt: str) -> None:
+    """Each rank's collectives aligned by sequence number, per process group, first divergence marked.
+
+    Reads Flight Recorder dumps and watchdog lines. Exit status: 0 the ranks agree, 1 they diverge,
+    2 could not analyse (or no collective recorded).
+    """
+    from analyzer.analyses.collectives import collective_table, divergences
+    from analyzer.api import analyze as run_analysis
+    from analyzer.discover import DiscoveryError
+    from analyzer.render.collectives import collective_document, render_collectives_text
+
+    try:
+        ranks = _rank_spec(ranks_spec)
+        events = run_analysis(job).events
+    except (DiscoveryError, ValueError) as exc:
+        raise CannotAnalyse(str(exc)) from exc
+    table = collective_table(events, ranks=ranks, pgs=pgs)
+    if not table.height:
+        raise CannotAnalyse(f"{job}: no collective recorded (no Flight Recorder entry or watchdog timeout"
+                            + (" for the ranks / groups asked" if ranks or pgs else "") + ")")
+    found = divergences(table, events)
+    document = collective_document(table, found, last=last, rank_limit=len(ranks) if ranks else max_ranks)
+    click.echo(json.dumps(document, indent=2) if fmt == "json" else render_collectives_text(document), nl=fmt == "json")
+    sys.exit(EXIT_FAILURE_FOUND if found.height else EXIT_NOTHING_FOUND)
+
+
+def _rank_spec(spec: str | None) -> list[int]:
+    """"0,3-5" -> [0, 3, 4, 5]."""
+    if not spec:
+        return []
+    ranks: list[int] = []
+    for part in spec.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) - int(low) > 1_000_000):
+            raise ValueError(f"--ranks: {part.strip()!r} is not a rank or a range like 3-5")
+        ranks += range(int(low), int(high or low) + 1)
+    return sorted(set(ranks))
+
+
 from analyzer.capture import capture as _capture  # noqa: E402 - stdlib + click only; defined beside its logic
 
 main.add_command(_capture)
 
-from analyzer.scan import fleet_command, scan_command  # noqa: E402 - the batch scan lives beside its engine
+from analyzer.cli_scan import fleet_command, scan_command  # noqa: E402 - the batch commands, over analyzer.fleet
 
 main.add_command(scan_command)
 main.add_command(fleet_command)

@@ -2,7 +2,8 @@
 
 Pattern rules compile to boolean expressions evaluated together in one `select`; each rule that
 fires becomes one finding aggregating its evidence. Rules with `analysis = "..."` are produced by
-the registered analysis of that name. An analysis that crashes is reported, never fatal.
+the registered analysis of that name. Analyses read canonical events, not files: an exception in
+one is the analyzer's fault and propagates (the command exits 3), it never becomes a quieter verdict.
 """
 
 from __future__ import annotations
@@ -37,11 +38,7 @@ def detect(events: pl.DataFrame, job: JobContext, rules: tuple[Rule, ...] | None
         if analysis is None:
             problems.append(f"analysis {name!r} named by the catalogue is not available")
             continue
-        try:
-            produced = analysis(events, job)
-        except Exception as exc:  # noqa: BLE001 - one broken analysis must not hide the others
-            problems.append(f"analysis {name!r} failed: {type(exc).__name__}: {exc}")
-            continue
+        produced = analysis(events, job)
         frames.append(produced.filter(pl.col("rule_id").is_in(sorted(known_ids))))
     return Detection(_without_needless_fallbacks(concat_findings(frames), rules), problems)
 

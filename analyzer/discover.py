@@ -51,6 +51,10 @@ _TORCH_PICKLE_CHECKPOINT = re.compile(rb"^\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x
 
 _TORCHRUN_RANK_DIR = re.compile(r"attempt_(\d+)/(\d+)/(?:stdout|stderr)\.log(?:\.gz)?$")
 _PYSPY_TEXT = re.compile(rb"\s*Process \d+: .*\n(?:Python v|Thread )")
+# nccl-tests / rccl-tests output (its header, column header or summary line), read as text too.
+_NCCL_TESTS = re.compile(
+    rb"(?m)^[^\n]{0,48}?(?:#\s*)?nThread \d+ nGpus \d+ |^[^\n]{0,48}?#?\s*Avg bus bandwidth\s*:|^[^\n]{0,48}?#\s+size\s+count\s+type\s"
+)
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)(?:\D|$)", re.IGNORECASE)
 # A run of NULs inside text is crash padding (blocks allocated but never written before the host
 # died); scattered NULs are binary structure.
@@ -406,7 +410,7 @@ def _classify(item: InputFile) -> None:
         else:
             item.skip("binary content (not a log, dump or trace this version reads)")
         return
-    item.format = "text"
+    item.format = "nccl_tests" if _NCCL_TESTS.search(head) else "text"
 
 
 def _json_kind(item: InputFile, head: bytes) -> str:

@@ -8,6 +8,7 @@ errors, so a typo never silently disables a rule.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -142,9 +143,14 @@ def load_rule(path: Path) -> Rule:
     )
 
 
+_LIST_ITEM = re.compile(r"\n\s*(?=(?:\d+[.)]|[-*])\s)")
+
+
 def _paragraphs(text: str) -> str:
-    """Rule prose is wrapped in the TOML file; rewrap it so terminals and HTML can flow it."""
-    return "\n\n".join(" ".join(block.split()) for block in text.strip().split("\n\n"))
+    """Rule prose is wrapped in the TOML file; rewrap it so terminals and HTML can flow it. A numbered
+    or bulleted step keeps its own line."""
+    return "\n\n".join("\n".join(" ".join(item.split()) for item in _LIST_ITEM.split(block))
+                       for block in text.strip().split("\n\n"))
 
 
 def _check_member(path: Path, key: str, value: str, allowed: frozenset[str]) -> None:

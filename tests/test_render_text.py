@@ -98,8 +98,8 @@ def test_markup_and_control_characters_in_host_facts_are_text():
     report = {**report, "job": {**report["job"], "host_facts": records}}
     out = text_report(report)
     assert "\x1b" not in out and "\x07" not in out
-    assert "[bold red]evil[/bold red]\ufffd]8;;http://x\ufffd" in out
-    assert "\u2260 [link=http://x]2.18[/link]\ufffd[2J" in out
+    assert "[bold red]evil[/bold red]\\x1b]8;;http://x\\x07" in out
+    assert "\u2260 [link=http://x]2.18[/link]\\x1b[2J" in out
 
 
 def test_checkpoints_table_names_each_checkpoint_and_the_resume_point(tmp_path):

@@ -1,9 +1,11 @@
 """Each signature's own must-match / must-not-match lines, one test id per case (`-k rule-id`)."""
 
+import re
+
 import pytest
 
 from analyzer.analyses import load_all
-from analyzer.rules import catalogue
+from analyzer.rules import catalogue, rules_by_id
 from analyzer.ruletests import rule_cases, rule_fires_on
 
 CASES = rule_cases()
@@ -41,5 +43,13 @@ def test_every_analysis_named_by_a_rule_exists():
 
 
 def test_rule_prose_has_no_stray_wrapping():
+    """Wrapped lines are joined; only a numbered or bulleted step starts a line of its own."""
     for rule in catalogue():
-        assert "\n" not in rule.remediation.replace("\n\n", ""), rule.id
+        for paragraph in rule.remediation.split("\n\n"):
+            for line in paragraph.split("\n")[1:]:
+                assert re.match(r"(?:\d+[.)]|[-*]) ", line), (rule.id, line)
+
+
+def test_numbered_steps_keep_their_lines():
+    steps = rules_by_id()["hang-rank-absent-from-collective"].remediation.splitlines()
+    assert [line[:3] for line in steps] == ["1. ", "2. ", "3. ", "4. ", "5. "]

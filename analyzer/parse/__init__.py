@@ -1,7 +1,9 @@
 """Stage 2, parse: turn every discovered input into canonical events.
 
 `parse_inputs` dispatches each input to the parser of its format and isolates failures: a file
-that cannot be parsed is marked in the input table with the reason, and the job goes on.
+that cannot be parsed (an exception of `analyzer.exits.INPUT_ERRORS`) is marked in the input table
+with the reason, and the job goes on. Any other exception is a parser bug and propagates: an
+analyzer fault must never pass for "this file held nothing".
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import polars as pl
 
 from analyzer.discover import InputFile
 from analyzer.events import concat_events, empty_events
+from analyzer.exits import INPUT_ERRORS
 
 
 def _parse_error_json(item: InputFile) -> pl.DataFrame:
@@ -53,7 +56,7 @@ def _parse_pickle(item: InputFile) -> pl.DataFrame:
 
     try:
         doc = load_pickle(item)
-    except Exception:  # noqa: BLE001 - the Flight Recorder parser reads it again and says why, in its words
+    except INPUT_ERRORS:  # the Flight Recorder parser reads it again and says why, in its words
         doc = None
     if doc is not None and is_memory_snapshot(doc):
         item.format = "memory_snapshot"
@@ -83,7 +86,7 @@ def _parse_nsys_stats_csv(item: InputFile) -> pl.DataFrame:
     return parse_nsys_stats_csv(item)
 
 
-TEXT_FORMATS = ("text", "text-utf16")
+TEXT_FORMATS = ("text", "text-utf16", "nccl_tests")  # nccl-tests output holds NCCL_DEBUG lines too
 
 PARSERS = {
     "error_json": _parse_error_json,
@@ -107,14 +110,14 @@ def parse_input(item: InputFile) -> pl.DataFrame:
     if item.status != "pending":
         return empty_events()
     if item.format in TEXT_FORMATS:
-        return concat_events(_parse_text_batches([item]))
+        return concat_events([*_parse_text_batches([item]), *_parse_nccl_tests([item])])
     parser = PARSERS.get(item.format)
     if parser is None:
         item.skip(UNREAD_FORMATS.get(item.format, f"format {item.format!r} is not read"))
         return empty_events()
     try:
         events = parser(item)
-    except Exception as exc:  # noqa: BLE001 - a bad file must never abort the job
+    except INPUT_ERRORS as exc:  # a bad file must never abort the job
         item.skip(f"could not parse: {type(exc).__name__}: {exc}"[:500], status="error")
         return empty_events()
     if item.status == "pending":
@@ -134,7 +137,25 @@ def parse_inputs(items: list[InputFile]) -> pl.DataFrame:
     # By identity: `in` on a list compares dataclasses field by field, O(n^2) at 100k files.
     chosen = {id(i) for i in text_items}
     others = [i for i in items if id(i) not in chosen]
-    return concat_events([*_parse_text_batches(text_items), *_parse_others(others)])
+    return concat_events([*_parse_text_batches(text_items), *_parse_nccl_tests(text_items), *_parse_others(others)])
+
+
+def _parse_nccl_tests(items: list[InputFile]) -> list[pl.DataFrame]:
+    """nccl-tests result tables, after the text parser read the same files' log lines."""
+    from analyzer.parse.nccltests import parse_nccl_tests
+
+    frames = []
+    for item in (i for i in items if i.format == "nccl_tests" and i.status != "error"):
+        try:
+            events, own = parse_nccl_tests(item)
+        except INPUT_ERRORS as exc:  # a bad table must never abort the job
+            item.skip(f"could not parse the nccl-tests tables: {type(exc).__name__}: {exc}"[:500], status="error")
+            continue
+        item.unparsed_lines = max(item.unparsed_lines - own, 0)  # its table lines are read, not unknown
+        if item.status == "partial" and item.reason == "no line of a known format" and item.unparsed_lines < item.lines:
+            item.status, item.reason = "parsed", ""
+        frames.append(events)
+    return frames
 
 
 # --- Flight Recorder dumps in parallel ------------------------------------------------------------
@@ -210,6 +231,7 @@ def _run_pool(chunks: list[list[InputFile]], workers: int) -> dict[int, tuple[pl
                 try:
                     results[key] = future.result()
                 except Exception:  # noqa: BLE001 - a dead worker, an unpicklable result: parse it here
+                    # (a parser bug in the worker is raised again by the parse here, so it is not lost)
                     continue
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): parse here
         pass
@@ -243,7 +265,7 @@ def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
                 size += len(piece.text)
                 if size >= BATCH_BYTES:
                     flush()
-        except Exception as exc:  # noqa: BLE001 - unreadable bytes (truncated gzip, bomb) fail this file only
+        except INPUT_ERRORS as exc:  # unreadable bytes (truncated gzip, bomb) fail this file only
             batch = [p for p in batch if p.item is not item]
             item.skip(f"could not read: {type(exc).__name__}: {exc}"[:500], status="error")
     flush()
@@ -255,7 +277,7 @@ def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
 def _parse_batch(batch: list, parse, year_hint: int) -> pl.DataFrame:
     try:
         return parse(batch, year_hint)
-    except Exception as exc:  # noqa: BLE001 - a parser bug fails the batch's files, never the job
+    except INPUT_ERRORS as exc:  # a line the parser cannot take fails its batch's files, never the job
         by_item: dict[int, list] = {}
         for piece in batch:
             by_item.setdefault(id(piece.item), []).append(piece)

@@ -9,12 +9,19 @@ from rich.table import Table
 
 from analyzer.render.tables import VARIES, checkpoint_parts, compact_hosts, host_table, per_rank_text
 
-_CONTROL = {c: "\ufffd" for c in (*range(0, 9), *range(11, 32), 127)}
+# Characters that steer a terminal or reorder what it shows: C0 controls but tab and newline (ESC
+# starts CSI/OSC sequences, CR overwrites the line), DEL, C1 controls (U+009B is a one-byte CSI),
+# and the bidirectional overrides, embeddings and isolates that make text read differently from
+# what it is ("Trojan Source"). Each is shown as its escape, so the reader sees it was there.
+_INERT = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))},
+    **{c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))},
+}
 
 
 def escape(text: str) -> str:
-    """Log text is data: rich markup is escaped and terminal control characters (ESC, OSC) removed."""
-    return _escape_markup(str(text).translate(_CONTROL))
+    """Log text is data: rich markup is escaped and terminal control characters made visible escapes."""
+    return _escape_markup(str(text).translate(_INERT))
 
 
 _CONFIDENCE_WORDS = ((0.85, "high"), (0.6, "medium"), (0.0, "low"))
@@ -44,7 +51,7 @@ def render_text(report: dict, console: Console, *, all_inputs: bool = False) -> 
         console.print("\n[bold]Other findings[/bold] (cause before symptom)")
         for f in findings[1:]:
             tag = " (symptom)" if f["caused_by"] else ""
-            console.print(f"- [{f['severity']}] {escape(f['title'])}{tag} [{f['category']}, {f['confidence']:.2f}]")
+            console.print(escape(f"- [{f['severity']}] {f['title']}{tag} [{f['category']}, {f['confidence']:.2f}]"))
             console.print(f"    {escape(f['summary'][:300])}")
             for ev in f["evidence"][:2]:
                 console.print(f"    [cyan]{escape(ev['file'])}:{ev['line']}[/cyan]  {escape(ev['text'][:200])}")
@@ -58,8 +65,10 @@ def render_text(report: dict, console: Console, *, all_inputs: bool = False) -> 
 def _inputs_table(inputs: list[dict], console: Console, all_inputs: bool) -> None:
     shown = inputs if all_inputs or len(inputs) <= 20 else [i for i in inputs if i["status"] != "parsed"][:20]
     table = Table(title=f"Inputs ({len(inputs)} files)", show_lines=False)
+    # Names and reasons fold in a narrow terminal rather than being cut: cut paths of one job share
+    # their prefix and become identical.
     for column in ("file", "format", "ranks", "lines", "unparsed", "status", "reason"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold" if column in ("file", "reason") else "ellipsis")
     for item in shown:
         ranks = ",".join(str(r) for r in item["ranks"][:6]) + ("..." if len(item["ranks"]) > 6 else "")
         table.add_row(escape(item["file"]), item["format"], ranks, str(item["lines"]), str(item["unparsed_lines"]),
