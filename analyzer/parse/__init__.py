@@ -1,7 +1,9 @@
 """Stage 2, parse: turn every discovered input into canonical events.
 
 `parse_inputs` dispatches each input to the parser of its format and isolates failures: a file
-that cannot be parsed is marked in the input table with the reason, and the job goes on.
+that cannot be parsed (an exception of `analyzer.exits.INPUT_ERRORS`) is marked in the input table
+with the reason, and the job goes on. Any other exception is a parser bug and propagates: an
+analyzer fault must never pass for "this file held nothing".
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import polars as pl
 
 from analyzer.discover import InputFile
 from analyzer.events import concat_events, empty_events
+from analyzer.exits import INPUT_ERRORS
 
 
 def _parse_error_json(item: InputFile) -> pl.DataFrame:
@@ -53,7 +56,7 @@ def _parse_pickle(item: InputFile) -> pl.DataFrame:
 
     try:
         doc = load_pickle(item)
-    except Exception:  # noqa: BLE001 - the Flight Recorder parser reads it again and says why, in its words
+    except INPUT_ERRORS:  # the Flight Recorder parser reads it again and says why, in its words
         doc = None
     if doc is not None and is_memory_snapshot(doc):
         item.format = "memory_snapshot"
@@ -114,7 +117,7 @@ def parse_input(item: InputFile) -> pl.DataFrame:
         return empty_events()
     try:
         events = parser(item)
-    except Exception as exc:  # noqa: BLE001 - a bad file must never abort the job
+    except INPUT_ERRORS as exc:  # a bad file must never abort the job
         item.skip(f"could not parse: {type(exc).__name__}: {exc}"[:500], status="error")
         return empty_events()
     if item.status == "pending":
@@ -145,7 +148,7 @@ def _parse_nccl_tests(items: list[InputFile]) -> list[pl.DataFrame]:
     for item in (i for i in items if i.format == "nccl_tests" and i.status != "error"):
         try:
             events, own = parse_nccl_tests(item)
-        except Exception as exc:  # noqa: BLE001 - a bad table must never abort the job
+        except INPUT_ERRORS as exc:  # a bad table must never abort the job
             item.skip(f"could not parse the nccl-tests tables: {type(exc).__name__}: {exc}"[:500], status="error")
             continue
         item.unparsed_lines = max(item.unparsed_lines - own, 0)  # its table lines are read, not unknown
@@ -228,6 +231,7 @@ def _run_pool(chunks: list[list[InputFile]], workers: int) -> dict[int, tuple[pl
                 try:
                     results[key] = future.result()
                 except Exception:  # noqa: BLE001 - a dead worker, an unpicklable result: parse it here
+                    # (a parser bug in the worker is raised again by the parse here, so it is not lost)
                     continue
     except (OSError, RuntimeError):  # no processes to be had (limits, sandbox): parse here
         pass
@@ -261,7 +265,7 @@ def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
                 size += len(piece.text)
                 if size >= BATCH_BYTES:
                     flush()
-        except Exception as exc:  # noqa: BLE001 - unreadable bytes (truncated gzip, bomb) fail this file only
+        except INPUT_ERRORS as exc:  # unreadable bytes (truncated gzip, bomb) fail this file only
             batch = [p for p in batch if p.item is not item]
             item.skip(f"could not read: {type(exc).__name__}: {exc}"[:500], status="error")
     flush()
@@ -273,7 +277,7 @@ def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
 def _parse_batch(batch: list, parse, year_hint: int) -> pl.DataFrame:
     try:
         return parse(batch, year_hint)
-    except Exception as exc:  # noqa: BLE001 - a parser bug fails the batch's files, never the job
+    except INPUT_ERRORS as exc:  # a line the parser cannot take fails its batch's files, never the job
         by_item: dict[int, list] = {}
         for piece in batch:
             by_item.setdefault(id(piece.item), []).append(piece)
