@@ -199,3 +199,30 @@ def test_broken_json_is_not_a_crash():
     item = _item("dump_json_rank0.json", '[{"pid": 1, "frames": [', "pyspy_json")
     assert parse_pyspy_json(item).height == 0
     assert item.status in ("partial", "error")
+
+
+def test_thread_evidence_quotes_the_programs_own_innermost_frames():
+    from analyzer.parse.pyspy import own_frames
+
+    frames = ["wait (/usr/lib/python3.11/threading.py:320)", "get (queue.py:171)",
+              "barrier (/opt/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py:4159)",
+              "_engine_run_backward (torch/autograd/graph.py:979)", "0x7f3a (libcuda.so.1)",
+              "load_shard (train.py:10)", "step (mylib/data.py:44)", "<module> (train.py:30)"]
+    assert own_frames(frames) == ["load_shard (train.py:10)", "step (mylib/data.py:44)"]
+    assert own_frames(frames[:5]) == []
+
+
+def test_a_json_dump_thread_cites_its_frame_not_its_json(tmp_path):
+    import json
+
+    from analyzer.discover import discover
+    from analyzer.parse.pyspy import parse_pyspy_json
+
+    dump = [{"pid": 9954, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 9954, "active": False, "owns_gil": False,
+             "frames": [{"name": "wait", "filename": "/usr/lib/python3.11/threading.py", "short_filename": "threading.py", "line": 320},
+                        {"name": "load_shard", "filename": "/work/train.py", "short_filename": "train.py", "line": 10},
+                        {"name": "main", "filename": "/work/train.py", "short_filename": "train.py", "line": 31}]}]
+    (tmp_path / "rank1.pyspy.json").write_text(json.dumps(dump))
+    (item,) = discover(tmp_path)
+    text = parse_pyspy_json(item).filter(pl.col("kind") == "stack.thread")["text"].item()
+    assert text == 'Thread 9954 (idle): "MainThread" in load_shard (train.py:10) <- main (train.py:31)'

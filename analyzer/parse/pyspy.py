@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
@@ -226,13 +227,48 @@ def _finish(rows: list[dict[str, Any]], item: InputFile) -> pl.DataFrame:
             else f"process {row['pid']}: {row['cmdline']}"
             for row, is_thread in zip(rows, threads)
         ],
-        "text": [row["text"] for row in rows],
+        # A thread's record spans many lines; its evidence is the header with the frames that say
+        # where the program itself is: the innermost frames of its own code, not the library's.
+        "text": [_thread_evidence(row) if is_thread else row["text"] for row, is_thread in zip(rows, threads)],
         "detail": [(" <- ".join(row["frames"]) or None) if is_thread else None for row, is_thread in zip(rows, threads)],
     }
     frame = pl.DataFrame(columns, schema={name: EVENT_SCHEMA[name] for name in columns})
     return frame.select(
         [(pl.col(n) if n in columns else pl.lit(None)).cast(t).alias(n) for n, t in EVENT_SCHEMA.items()]
     )
+
+
+# Frames of the interpreter, the standard library and installed packages say where a thread waits,
+# not why. py-spy shortens installed paths (`torch/autograd/graph.py`), so a frame is also a
+# library's when its first path component is a stdlib module or a framework training code calls.
+_LIBRARY_PATH = re.compile(r"site-packages/|dist-packages/|/lib/python\d|<frozen |<string>")
+_FRAME_FILE = re.compile(r"\(([^()]*?\.py):\d+\)$")
+FRAMEWORK_PACKAGES = frozenset({
+    "torch", "torchvision", "torchaudio", "transformers", "accelerate", "deepspeed", "lightning", "pytorch_lightning",
+    "datasets", "numpy", "tqdm", "apex", "triton", "ray", "horovod", "jax", "flax", "peft", "trl", "safetensors",
+    "huggingface_hub", "fsspec", "urllib3", "requests", "wandb", "tensorboard",
+})
+OWN_FRAMES_QUOTED = 2
+
+
+def _is_own_frame(frame: str) -> bool:
+    match = _FRAME_FILE.search(frame)
+    if not match or _LIBRARY_PATH.search(match.group(1)):
+        return False
+    parts = match.group(1).lstrip("./").split("/")
+    top = parts[0].removesuffix(".py")
+    return top not in sys.stdlib_module_names and not (len(parts) > 1 and top in FRAMEWORK_PACKAGES)
+
+
+def own_frames(frames: list[str], count: int = OWN_FRAMES_QUOTED) -> list[str]:
+    """The innermost `count` frames of the program's own code (`func (file:line)`), innermost first."""
+    return [f for f in frames if _is_own_frame(f)][:count]
+
+
+def _thread_evidence(row: dict[str, Any]) -> str:
+    header = row["text"] if row["line"] else f'Thread {row["ident"]} ({row["status"]}): "{row["name"] or ""}"'
+    frames = own_frames(row["frames"]) or row["frames"][:1]
+    return f"{header} in {' <- '.join(frames)}" if frames else header
 
 
 def _innermost(frames: list[str]) -> str:
