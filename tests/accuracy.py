@@ -13,9 +13,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from analyzer.api import analyze
+from analyzer.api import NothingToAnalyse, analyze
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# The verdict recorded for a job the analyzer refuses (exit 2, nothing of a known format): no verdict at all.
+UNREAD = "cannot_analyse"
 
 
 @dataclass
@@ -37,12 +39,12 @@ class CaseResult:
     @property
     def silent(self) -> bool:
         """A failure the analyzer did not report at all."""
-        return self.truth_category != "none" and self.category == "none"
+        return self.truth_category != "none" and self.category in ("none", UNREAD)
 
     @property
     def false_alarm(self) -> bool:
         """A benign run (truth `none`) that got a verdict."""
-        return self.truth_category == "none" and self.category != "none"
+        return self.truth_category == "none" and self.category not in ("none", UNREAD)
 
     @property
     def has_culprit(self) -> bool:
@@ -69,7 +71,10 @@ def truth_cases() -> list[Path]:
 
 def evaluate(case: Path) -> CaseResult:
     truth = tomllib.loads((case / "truth.toml").read_text(encoding="utf-8"))
-    verdict = analyze(case / "job").report["verdict"]
+    try:
+        verdict = analyze(case / "job").report["verdict"]
+    except NothingToAnalyse:
+        verdict = {"category": UNREAD, "culprit_ranks": [], "culprit_hosts": []}
     return CaseResult(
         name=case.name,
         truth_category=truth["category"],
@@ -107,12 +112,13 @@ def evaluate_healthy(run: Path) -> HealthyResult:
 
 
 def round_figures(results: list[CaseResult], healthy: list[HealthyResult]) -> str:
-    """The first-contact line of a held-out round: what the README's held-out table records."""
+    """The first-contact line of a held-out round: what the README's held-out table records. Category and
+    silent count the failure cases; the benign decoys (truth `none`) and healthy runs count only as false alarms."""
     with_culprit = [r for r in results if r.has_culprit]
     failures = [r for r in results if r.truth_category != "none"]
     benign = [r for r in results if r.truth_category == "none"]
     alarms = sum(r.false_alarm for r in benign) + sum(h.false_alarm for h in healthy)
-    return (f"category {sum(r.category_ok for r in results)}/{len(results)}, "
+    return (f"category {sum(r.category_ok for r in failures)}/{len(failures)}, "
             f"culprit {sum(r.culprit_ok for r in with_culprit)}/{len(with_culprit)}, "
             f"silent {sum(r.silent for r in failures)}/{len(failures)}, "
             f"false alarms {alarms}/{len(benign) + len(healthy)} "
