@@ -3,8 +3,9 @@
 Part of stage 3. From the canonical events it derives one long frame of *observations*: one row
 per fact that a line states, attributed to a host and, where known, a rank (or a pid when the rank
 is unknown): NCCL version and build, network plugin, network, NICs, transports, every `NCCL_*` /
-`TORCH_*` variable reported, CUDA driver, NVIDIA driver, PyTorch version, GPU model and memory,
-the addresses a process bound to, and the OOM / bf16-unsupported errors. From it:
+`TORCH_*` variable reported, CUDA driver, NVIDIA driver, PyTorch version, the CUDA runtime,
+cuDNN, Fabric Manager, aws-ofi-nccl and DeepSpeed versions (also from `collect_env` output and pip
+freezes, `stack.version` events), GPU model and memory, the addresses a process bound to, and the OOM / bf16-unsupported errors. From it:
 
 - `unit_facts`: one value per (host, unit, fact), a unit being a rank, else a process, else the
   host itself (host-wide sources such as an nvidia-smi table);
@@ -39,6 +40,11 @@ FACTS: tuple[tuple[str, bool], ...] = (
     ("cuda_driver", False),
     ("driver_version", False),
     ("torch_version", False),
+    ("cuda_runtime", False),
+    ("cudnn_version", False),
+    ("fabric_manager", False),
+    ("aws_ofi_nccl", False),
+    ("deepspeed_version", False),
     ("gpu_model", True),
     ("gpu_memory", True),
 )
@@ -54,11 +60,16 @@ PER_HOST_VARIABLES = tuple(f"{ENV_PREFIX}{name}" for name in ("NCCL_HOSTID", "NC
 
 # NCCL kinds whose every line is worth a look (few per process except transports).
 _NCCL_FACT_KINDS = ("nccl.version", "nccl.net", "nccl.env", "nccl.cuda_driver", "nccl.transport")
+# Versions that `collect_env` output and pip freezes state (analyzer/parse/collect_env.py): the
+# parser names the fact in `code` and its value in `detail`. A log line of the job itself wins.
+_STACK_KIND = "stack.version"
+_STACK_PRIO = 3
 # Other lines are only looked at when they contain one of these literals (one vectorised test).
 _TEXT_HINT = (
     r"NCCL version|MiB|UUID: GPU-|Product Name|_CudaDeviceProperties|CUDA device \('|compute capability|"
     r"total capacity|totalMemory|Driver Version|CUDA Version|[Vv]ersion|torch==|(?i:bf16|bfloat16)|nNodes|"
     r"environments:|Environment variable|out of memory|OutOfMemoryError|\s(?:On|Off)\s+\|"
+    r"|fabric manager|DeepSpeed info|CUDA used to build|nvidia-nccl-cu|aws-ofi-nccl|\+cu\d"
 )
 _PLUGIN_LOADED = (
     (r"NET/Plugin\s*:\s*Loaded (?:net |coll(?:net)? )?plugin (.+?)(?:\s*\(v\d+\))?\s*$", 0),
@@ -100,6 +111,20 @@ _TORCH_VERSION = (
     r"(?i)(?:PyTorch|torch)(?: version|\.__version__)\s*[:=]?\s*v?(\d+\.\d+(?:\.\d+)?[\w.+\-]*)",
     r"\btorch==(\d+\.\d+(?:\.\d+)?[\w.+\-]*)",
 )
+_AWS_OFI_NCCL = r"aws-ofi-nccl v?(\d+\.\d+\.\d+[\w.\-]*)"  # `NET/OFI Initializing aws-ofi-nccl 1.7.4-aws`
+# Version statements of the stack's other components, each with its fact and priority.
+_STACK_VERSIONS = (
+    # nv-fabricmanager's refusal to start names both versions (the FM's own, then the driver's).
+    ("fabric_manager", r"fabric manager NVIDIA GPU driver interface version (\d+(?:\.\d+)+)", 0),
+    ("driver_version", r"match with driver version (\d+(?:\.\d+)+)", 1),
+    ("aws_ofi_nccl", _AWS_OFI_NCCL, 0),
+    ("deepspeed_version", r"DeepSpeed info: version=(\d+\.\d+\.\d+)", 0),
+    ("deepspeed_version", r"\bdeepspeed==(\d+\.\d+\.\d+)", 1),
+    ("cuda_runtime", r"CUDA used to build PyTorch\s*:\s*(\d+\.\d+)", 0),
+    ("nccl_version", r"\bnvidia-nccl-cu\d+==(\d+\.\d+\.\d+)", 2),
+)
+# A torch build's CUDA suffix: `2.3.0+cu121` is CUDA 12.1 (the last digit is the minor version).
+_TORCH_CUDA_SUFFIX = r"(?i)(?:torch(?:==|\s+version:?\s*)|PyTorch version:?\s*)\d+\.\d+(?:\.\d+)?\+cu(\d+)(\d)\b"
 # Relative gap above which two memory sizes are different cards (79.15 GiB usable = 80 GiB card).
 _MEMORY_CLASS_GAP = 1.06
 
@@ -125,13 +150,15 @@ def observations(events: pl.DataFrame) -> pl.DataFrame:
     if events.height == 0:
         return pl.DataFrame(schema=OBSERVATION_SCHEMA)
     nccl = events.filter(pl.col("kind").is_in(_NCCL_FACT_KINDS))
+    stack = events.filter(pl.col("kind") == _STACK_KIND)
     text = events.filter(
-        ~pl.col("kind").is_in([*_NCCL_FACT_KINDS, "nccl.comm_init", "nccl.comm_teardown", "nccl.error_chain"])
+        ~pl.col("kind").is_in([*_NCCL_FACT_KINDS, _STACK_KIND, "nccl.comm_init", "nccl.comm_teardown", "nccl.error_chain"])
         & pl.col("message").str.contains(_TEXT_HINT)
     )
     frames = [
         *_nccl_observations(nccl),
         *_text_observations(text),
+        _obs(stack, pl.col("code"), pl.col("detail"), _STACK_PRIO),
     ]
     obs = pl.concat([f.select(list(OBSERVATION_SCHEMA)).cast(OBSERVATION_SCHEMA) for f in frames], how="vertical")
     obs = obs.filter(
@@ -188,6 +215,7 @@ def _nccl_observations(nccl: pl.DataFrame) -> list[pl.DataFrame]:
         ),
         _obs(env, pl.lit(ENV_PREFIX) + pl.col("code"), msg.str.extract(r"set by environment to (.*?)\.?\s*$"), src="nccl_env"),
         _obs(driver, "cuda_driver", _cuda_version(msg.str.extract(r"cudaDriverVersion (\d+)").cast(pl.Int64, strict=False))),
+        _obs(net, "aws_ofi_nccl", msg.str.extract(_AWS_OFI_NCCL)),
         _transport_observations(nccl.filter(kind == "nccl.transport")),
     ]
     return frames
@@ -233,6 +261,8 @@ def _text_observations(text: pl.DataFrame) -> list[pl.DataFrame]:
             + msg.str.extract(r"nRanks (\d+) nNodes (\d+) localRanks (\d+)", 3),
         ),
         _torch_env_observations(text),
+        *[_obs(text, fact, msg.str.extract(pattern), prio) for fact, pattern, prio in _STACK_VERSIONS],
+        _obs(text, "cuda_runtime", msg.str.extract(_TORCH_CUDA_SUFFIX, 1) + pl.lit(".") + msg.str.extract(_TORCH_CUDA_SUFFIX, 2), 1),
         _obs(
             text, pl.lit(ENV_PREFIX) + msg.str.extract(r"Environment variable ((?:TORCH|NCCL)_\w+) is deprecated"),
             pl.when(msg.str.contains(r"Environment variable (?:TORCH|NCCL)_\w+ is deprecated")).then(pl.lit("(set)")),
@@ -473,6 +503,7 @@ def host_fact_records(events: pl.DataFrame) -> list[dict]:
         record = {"rank": row["rank"], "pid": row["pid"], **_split_env(detail)}
         per_rank_by_host.setdefault(row["host"], []).append(record)
     shared = set(address_clashes(facts.observations).get_column("host").to_list())
+    notes = _known_issue_notes(events)
     records = []
     fact_names = [name for name, _ in FACTS]
     for row in table.iter_rows(named=True):  # one row per host
@@ -486,8 +517,24 @@ def host_fact_records(events: pl.DataFrame) -> list[dict]:
             "duplicate_name": row["host"] in shared,
             "differs": sorted([*row["differs"], "addresses"]) if row["host"] in shared else row["differs"],
             "per_rank": per_rank_by_host.get(row["host"], []),
+            "known_issues": notes.get(row["host"], []),
         })
     return records
+
+
+def _known_issue_notes(events: pl.DataFrame) -> dict[str, list[dict]]:
+    """Per host, the known-issue entries its versions fall in (the report's info-level note; a
+    symptom that shows makes the entry a finding in detect). A lookup of versions in the table
+    (`analyzer.knownissues`), not a judgement of the run."""
+    from analyzer.knownissues import host_notes
+
+    notes: dict[str, list[dict]] = {}
+    for row in host_notes(events).iter_rows(named=True):  # one row per (host, affected entry)
+        notes.setdefault(row["host"], []).append(
+            {"id": row["issue_id"], "versions": row["versions"], "fixed_in": row["fixed_in"], "title": row["title"],
+             "facts": row["facts"], "severity": "info"}
+        )
+    return notes
 
 
 def _split_env(detail: dict) -> dict:
