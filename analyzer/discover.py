@@ -54,6 +54,8 @@ _PYSPY_TEXT = re.compile(rb"\s*Process \d+: .*\n(?:Python v|Thread )")
 # nccl-tests / rccl-tests output (its header, column header or summary line), read as text too.
 _NCCL_TESTS = re.compile(
     rb"(?m)^[^\n]{0,48}?(?:#\s*)?nThread \d+ nGpus \d+ |^[^\n]{0,48}?#?\s*Avg bus bandwidth\s*:|^[^\n]{0,48}?#\s+size\s+count\s+type\s"
+    rb"|^[^\n]{0,48}?#\s+\(B\)\s+\(elements\)"  # a pasted table: its unit line, or a row of a type nccl-tests names
+    rb"|^(?:\[\d+\])?\s*\d+\s+\d+\s+(?:float|double|half|bfloat16|int8|uint8|int32|uint32|int64|uint64|f8e\w+)\s+(?:sum|prod|min|max|avg|none|mulsum|-?\d+)\s"
 )
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)(?:\D|$)", re.IGNORECASE)
 # A run of NULs inside text is crash padding (blocks allocated but never written before the host
