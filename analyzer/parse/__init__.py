@@ -88,6 +88,18 @@ def _parse_nsys_stats_csv(item: InputFile) -> pl.DataFrame:
 
 TEXT_FORMATS = ("text", "text-utf16", "nccl_tests")  # nccl-tests output holds NCCL_DEBUG lines too
 
+def _parse_collect_env(item: InputFile) -> pl.DataFrame:
+    from analyzer.parse.collect_env import parse_collect_env
+
+    return parse_collect_env(item)
+
+
+def _parse_pip_listing(item: InputFile) -> pl.DataFrame:
+    from analyzer.parse.collect_env import parse_pip_listing
+
+    return parse_pip_listing(item)
+
+
 PARSERS = {
     "error_json": _parse_error_json,
     "pickle": _parse_pickle,
@@ -98,6 +110,8 @@ PARSERS = {
     "kineto_trace": _parse_kineto,
     "nsys_sqlite": _parse_nsys_sqlite,
     "nsys_stats_csv": _parse_nsys_stats_csv,
+    "collect_env": _parse_collect_env,
+    "pip_freeze": _parse_pip_listing,
 }
 
 UNREAD_FORMATS = {
