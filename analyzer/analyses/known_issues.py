@@ -68,12 +68,12 @@ def known_issues(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 
 
 def _finding(issue: KnownIssue, hit: dict, symptoms: pl.DataFrame) -> dict:
-    first = symptoms.get_column("message").drop_nulls().head(1).to_list()
+    first = [m[:240].rstrip(".") for m in symptoms.get_column("message").drop_nulls().head(1).to_list()]
     where = "" if hit["host"] == NO_HOST else f" on host {hit['host']}"
     fixed = f"fixed in {issue.fixed_in}" if issue.fixed_in != "none" else "no fixed release: a matching pair is the fix"
     summary = (
         f"Known issue {issue.id}{where}: {issue.title} ({hit['versions']}; {fixed}). "
-        f"Its symptom shows{f': {first[0][:240].rstrip('.')}' if first else ''}. {issue.remediation} Source: {issue.sources[0]}"
+        f"Its symptom shows{': ' + first[0] if first else ''}. {issue.remediation} Source: {issue.sources[0]}"
     )
     evidence = symptoms.get_column("event_id").head(MAX_EVIDENCE).to_list() + (hit["event_ids"] or [])[:2]
     return finding(
