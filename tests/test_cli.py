@@ -115,3 +115,163 @@ def test_host_pid_text_is_not_turned_into_emoji(tmp_path):
     result = run("analyze", tmp_path)
     assert "\U0001f4af" not in result.output
     assert "host-a:100:107" in result.output
+
+
+# --- "no evidence" is not "no failure" --------------------------------------------------------------
+
+
+def test_unrelated_text_is_no_training_log(tmp_path):
+    (tmp_path / "README").write_text("hello world\n")
+    (tmp_path / "notes.md").write_text("# Shopping\n\n- eggs\n- a 10 GB disk for the photos\n")
+    (tmp_path / "style.css").write_text("body { margin: 0; }\n" * 40)
+    result = run("analyze", tmp_path)
+    assert result.exit_code == 2
+    assert "no training logs found: 3 files read, none of a known format" in result.stderr
+    assert "VERDICT" not in result.output
+    json_result = run("analyze", tmp_path, "--format", "json")
+    assert json_result.exit_code == 2 and json_result.stdout == ""
+
+
+def test_a_single_hello_world_file_is_no_training_log(tmp_path):
+    (tmp_path / "hello.txt").write_text("hello world\n")
+    result = run("analyze", tmp_path / "hello.txt")
+    assert result.exit_code == 2
+    assert "no training logs found: 1 file read" in result.stderr
+
+
+@pytest.mark.parametrize("job", sorted((ROOT / "fixtures" / "healthy").glob("*/job")), ids=lambda p: p.parent.name)
+def test_every_healthy_run_is_still_none(job):
+    result = run("analyze", job, "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["verdict"]["category"] == "none" and report["job"]["outcome"] == "ok"
+    assert "Not read" not in report["verdict"]["summary"]
+
+
+def test_a_clean_verdict_names_what_a_cap_left_unread(tmp_path, monkeypatch):
+    import analyzer.discover as discover
+
+    job = tmp_path / "job"
+    job.mkdir()
+    for n, log in enumerate(sorted(HEALTHY.rglob("*.log"))):
+        (job / f"{n:02d}-{log.name}").write_bytes(log.read_bytes())
+    read = len(list(job.iterdir()))
+    (job / "zz-beyond-the-cap.log").write_bytes((CASE / "none_rvolrln4" / "attempt_0" / "0" / "stderr.log").read_bytes())
+    monkeypatch.setattr(discover, "MAX_FILES", read)
+    result = run("analyze", job, "--format", "json")
+    assert result.exit_code == 0
+    report = json.loads(result.stdout)
+    (capped,) = [i for i in report["inputs"] if i["status"] == "skipped"]
+    assert f"Not read: 1 of {read + 1} inputs (1 skipped: {capped['reason']})" in report["verdict"]["summary"]
+    text = run("analyze", job).stdout
+    assert "Not read: 1 of" in text
+
+
+def test_a_clean_verdict_with_an_unreadable_input_is_not_ok(tmp_path):
+    for log in HEALTHY.rglob("*.log"):
+        (tmp_path / f"{log.parent.name}-{log.name}").write_bytes(log.read_bytes())
+    log = (CASE / "none_rvolrln4" / "attempt_0" / "0" / "stderr.log").read_bytes()
+    (tmp_path / "cut.log.gz").write_bytes(gzip.compress(log * 50)[:300])
+    report = json.loads(run("analyze", tmp_path, "--format", "json").stdout)
+    assert report["verdict"]["category"] == "none"
+    assert report["job"]["outcome"] == "unknown"
+    (cut,) = [i for i in report["inputs"] if i["status"] == "error"]
+    assert f"Not read: 1 of {len(report['inputs'])} inputs (1 error: {cut['reason']})" in report["verdict"]["summary"]
+
+
+# --- output paths are checked before the work -------------------------------------------------------
+
+
+@pytest.fixture
+def analysis_must_not_run(monkeypatch):
+    import analyzer.api
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the analysis ran although an output path cannot be written")
+
+    monkeypatch.setattr(analyzer.api, "analyze", never)
+
+
+@pytest.mark.parametrize("option,what", [("--html", "HTML report"), ("-o", "report")])
+def test_output_in_a_missing_folder_fails_first(tmp_path, analysis_must_not_run, option, what):
+    target = tmp_path / "no" / "such" / "dir" / "r.html"
+    result = run("analyze", CASE, option, target)
+    assert result.exit_code == 2
+    assert f"cannot write the {what} to {target}: the folder {target.parent} does not exist" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_output_below_a_file_fails_first(tmp_path, analysis_must_not_run):
+    (tmp_path / "plain").write_text("")
+    result = run("analyze", CASE, "-o", tmp_path / "plain" / "r.json", "--format", "json")
+    assert result.exit_code == 2
+    assert "is not a directory" in result.stderr
+
+
+def test_output_on_a_directory_fails_first(tmp_path, analysis_must_not_run):
+    (tmp_path / "r.html").mkdir()
+    result = run("analyze", CASE, "--html", tmp_path / "r.html")
+    assert result.exit_code == 2
+    assert "directory" in result.output
+
+
+def test_unwritable_output_fails_first(tmp_path, analysis_must_not_run, monkeypatch):
+    target = tmp_path / "r.txt"
+    real_open = Path.open
+
+    def read_only_fs(self, mode="r", *args, **kwargs):
+        if self == target and set(mode) & set("wax+"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only_fs)  # root ignores file modes: the refusal is simulated
+    result = run("analyze", CASE, "-o", target)
+    assert result.exit_code == 2
+    assert f"cannot write the report to {target}: Permission denied" in result.stderr
+
+
+def test_the_check_leaves_nothing_behind(tmp_path):
+    target = tmp_path / "report.txt"
+    assert run("analyze", tmp_path / "missing-job", "-o", target).exit_code == 2
+    assert not target.exists()
+
+
+# --- terminal text that survives a pipe ----------------------------------------------------------------
+
+
+def test_piped_text_is_not_hard_wrapped():
+    out = run("analyze", CASE).stdout  # CliRunner's stdout is not a terminal, as with `| grep`
+    lines = out.splitlines()
+    verdict = next(line for line in lines if line.startswith("VERDICT:"))
+    assert verdict == ("VERDICT: rank_absent_from_collective - A rank never arrived at the collective "
+                       "the other ranks wait in")
+    assert len(verdict) > 80
+    evidence = [line for line in lines if "stderr.log:3  " in line]
+    assert evidence and all("Last enqueued NCCL work: 1" in line for line in evidence[:1])
+    assert "\x1b[" not in out  # no colour codes into a pipe
+
+
+def test_piped_inputs_table_keeps_whole_distinct_names(tmp_path):
+    log = (CASE / "none_rvolrln4" / "attempt_0" / "0" / "stderr.log").read_bytes()
+    deep = tmp_path / "cluster-a" / "experiment-with-a-long-descriptive-name" / "attempt_0"
+    names = []
+    for rank in range(3):
+        (deep / str(rank)).mkdir(parents=True)
+        (deep / str(rank) / "stderr.log").write_bytes(log.replace(b"[rank0]", f"[rank{rank}]".encode()))
+        names.append(f"cluster-a/experiment-with-a-long-descriptive-name/attempt_0/{rank}/stderr.log")
+    out = run("analyze", tmp_path).stdout
+    rows = [line for line in out.splitlines() if line.startswith("\u2502 cluster-a/")]
+    assert [row.split("\u2502")[1].strip() for row in rows] == names
+
+
+def test_numbered_remediation_steps_keep_their_lines():
+    out = run("analyze", CASE).stdout
+    block = out[out.index("What to do\n"):out.index("Other findings")]
+    steps = [line for line in block.splitlines()[1:] if line.strip()]
+    assert [line[:3] for line in steps] == ["1. ", "2. ", "3. ", "4. ", "5. "]
+
+
+def test_report_to_a_file_is_not_hard_wrapped(tmp_path):
+    target = tmp_path / "report.txt"
+    assert run("analyze", CASE, "-o", target).exit_code == 1
+    assert any(line.startswith("VERDICT:") and len(line) > 80 for line in target.read_text().splitlines())
