@@ -120,3 +120,26 @@ def test_no_checkpoint_table_without_checkpoints():
     out = text_report(analyze(HEALTHY).report)
     assert "Checkpoints" not in out
     assert re.search(r"Inputs \(\d+ files\)", out)
+
+
+def test_c1_controls_and_bidi_overrides_are_shown_as_escapes():
+    report = analyze(HEALTHY).report
+    sneaky = "rank0\u202eexe.gol\u2066x\u2069\x9b2J\x85end\u200f\r.log"
+    inputs = [{**report["inputs"][0], "file": sneaky, "reason": "csi\x1b[31mred\x1b[0m osc\x1b]0;title\x07"}]
+    out = text_report({**report, "inputs": inputs})
+    for raw in ("\u202e", "\u2066", "\u2069", "\x9b", "\x85", "\u200f", "\r", "\x1b", "\x07"):
+        assert raw not in out, repr(raw)
+    assert "rank0\\u202eexe.gol\\u2066x\\u2069\\x9b2J\\x85end\\u200f\\x0d.log" in out
+    assert "csi\\x1b[31mred\\x1b[0m osc\\x1b]0;title\\x07" in out
+
+
+def test_a_narrow_terminal_folds_file_names_instead_of_cutting_them():
+    report = analyze(HEALTHY).report
+    names = [f"cluster-a/experiment-with-a-long-descriptive-name/attempt_0/{rank}/stderr.log" for rank in range(3)]
+    inputs = [{**report["inputs"][0], "file": name, "reason": "a reason long enough to need folding as well"}
+              for name in names]
+    out = text_report({**report, "inputs": inputs}, width=80)
+    assert "\u2026" not in out
+    body = [line for line in out[out.index("Inputs ("):].splitlines() if line.startswith("\u2502")]
+    assert "".join(line.split("\u2502")[1].strip() for line in body) == "".join(names)  # folded, nothing lost
+    assert max(len(line) for line in out.splitlines()) <= 80
