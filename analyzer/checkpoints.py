@@ -39,6 +39,8 @@ from typing import Any, BinaryIO
 
 import polars as pl
 
+from analyzer.exits import INPUT_ERRORS
+
 CHECKPOINT_SCHEMA: dict[str, pl.DataType] = {
     "path": pl.String,  # relative to the job root ("../x" next to it); --checkpoint paths as given
     "format": pl.String,  # torch_zip, torch_legacy, pickle, safetensors, dcp, deepspeed, hf, rank_shards, temporary
@@ -900,7 +902,7 @@ def _audit_file_cached(real: str, size: int, mtime_ns: int, ctime_ns: int, inode
             return _audit_plain_pickle(path, size, mtime)
     except OSError as exc:
         return FileAudit("unknown", size, mtime, False, f"cannot read: {exc.strerror or exc}", problem="corrupt")
-    except Exception as exc:  # noqa: BLE001 - one malformed file must not stop the audit of the others
+    except INPUT_ERRORS as exc:  # one malformed file must not stop the audit of the others
         return FileAudit("unknown", size, mtime, False, f"could not be read: {type(exc).__name__}: {exc}"[:300],
                          problem="corrupt")
     return FileAudit("unknown", size, mtime, False,
@@ -1478,7 +1480,7 @@ def _audit_location(location: Path, base: str, recursive: bool, auditor: _Audito
             continue
         try:
             records.extend(directory_records(directory, files))
-        except Exception as exc:  # noqa: BLE001 - one odd directory must not stop the audit of the others
+        except INPUT_ERRORS as exc:  # one odd directory must not stop the audit of the others
             records.append(_record(rel(directory), kinds[directory] or "unknown", readable=False,
                                    reason=f"could not audit: {type(exc).__name__}: {exc}"[:300]))
     records.extend(_pointer_records(pointers, kinds, records, rel))
