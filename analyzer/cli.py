@@ -112,7 +112,7 @@ def report_console(*, to_terminal: bool | None = None) -> Console:
 
 
 @main.command()
-@click.argument("job", type=click.Path(path_type=Path))
+@click.argument("job", type=click.Path(path_type=Path, allow_dash=True))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Terminal text or the versioned JSON report.")
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
@@ -125,7 +125,7 @@ def report_console(*, to_terminal: bool | None = None) -> Console:
 @_debug_option
 def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoints: tuple[Path, ...],
             html_path: Path | None) -> None:
-    """Analyse the job directory (or log file, or archive) JOB and print the verdict.
+    """Analyse the job directory (or log file, or archive; `-`: standard input) JOB and print the verdict.
 
     Exit status: 0 nothing found, 1 failure identified, 2 could not analyse (also: no training log
     among the inputs, an output path that cannot be written), 3 internal error (no report is printed).
@@ -260,6 +260,49 @@ from analyzer.cli_scan import fleet_command, scan_command  # noqa: E402 - the ba
 
 main.add_command(scan_command)
 main.add_command(fleet_command)
+
+
+# --- known-issues: what the known-issue table says about a stack, without logs ----------------------
+
+_STACK_OPTIONS = (("nccl", "nccl"), ("torch", "pytorch"), ("driver", "cuda-driver"), ("cuda", "cuda-runtime"),
+                  ("driver_cuda", "cuda-driver-api"), ("nccl_cuda", "nccl-cuda"), ("fabric_manager", "fabric-manager"),
+                  ("aws_ofi_nccl", "aws-ofi-nccl"), ("deepspeed", "deepspeed"))
+
+
+@main.command("known-issues")
+@click.option("--nccl", help="NCCL version (2.18.1).")
+@click.option("--torch", help="PyTorch version (2.3.0).")
+@click.option("--driver", help="NVIDIA driver version (535.104.05).")
+@click.option("--cuda", help="CUDA runtime version the framework uses (12.1).")
+@click.option("--driver-cuda", help="CUDA version the driver supports (nvidia-smi's 'CUDA Version').")
+@click.option("--nccl-cuda", help="CUDA version NCCL was built for (the +cudaX.Y of its banner).")
+@click.option("--fabric-manager", help="nvidia-fabricmanager version.")
+@click.option("--aws-ofi-nccl", help="aws-ofi-nccl plugin version.")
+@click.option("--deepspeed", help="DeepSpeed version.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@_debug_option
+def known_issues_command(fmt: str, **versions: str | None) -> None:
+    """List the known bugs and incompatibilities that apply to a stack (for planning an upgrade).
+
+    Exit status: 0 none applies, 1 some entry applies, 2 no version given.
+    """
+    from analyzer.knownissues import affected, by_id, stack_versions
+
+    stack = {component: versions[option] for option, component in _STACK_OPTIONS if versions.get(option)}
+    if not stack:
+        raise CannotAnalyse("give at least one version, e.g. --nccl 2.18.1 --torch 2.3.0")
+    issues = by_id()
+    hits = [issues[i] for i in affected(stack_versions(stack)).get_column("issue_id").to_list()]
+    rows = [{"id": i.id, "component": i.component, "title": i.title, "affected": i.affected_text(), "fixed_in": i.fixed_in,
+             "category": i.category, "remediation": i.remediation, "sources": list(i.sources)} for i in hits]
+    if fmt == "json":
+        click.echo(json.dumps({"stack": stack, "known_issues": rows}, indent=2))
+    else:
+        click.echo(f"{len(rows)} known issue(s) apply to " + ", ".join(f"{c} {v}" for c, v in stack.items()))
+        for row in rows:
+            click.echo(f"\n{row['id']}  (fixed in {row['fixed_in']}; {row['category']})\n  {row['title']}\n  affects: {row['affected']}"
+                       f"\n  what to do: {row['remediation']}\n  source: {' '.join(row['sources'])}")
+    sys.exit(EXIT_FAILURE_FOUND if rows else EXIT_NOTHING_FOUND)
 
 if __name__ == "__main__":
     main()
