@@ -14,22 +14,21 @@ from polars.testing import assert_frame_equal
 
 from analyzer.api import analyze
 from analyzer.cli import main
-from analyzer.fleet import fleet_view
-from analyzer.scan import (
+from analyzer.fleet.jobs import RULE_LOG_DIR, RULE_LOGS, RULE_TORCHRUN, find_jobs
+from analyzer.fleet.rows import (
     STATUS_ANALYSED,
     STATUS_CANNOT_ANALYSE,
     STATUS_CRASHED,
     VOLATILE_COLUMNS,
     WORKER_DIED,
+    JobSpec,
     analyse_job,
-    cache_key,
-    engine_versions,
-    find_jobs,
-    fingerprint,
-    read_scan,
-    scan,
 )
+from analyzer.fleet.scan import read_scan, scan
+from analyzer.fleet.store import Store, cache_key, engine_versions, fingerprint
+from analyzer.fleet.view import fleet_view
 from tests.jobgen import RECURRING, make_jobs, sources
+from tests.scan_hooks import code_unchanged, versions_at_start  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 NIGHT_JOBS = 200
@@ -42,8 +41,19 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def night(tmp_path_factory):
+    """The generated night, and the jobs of it that are jobs: those whose source fixture holds a file
+    the analyzer reads as a training log or dump (the others are checked on their own below)."""
     root = tmp_path_factory.mktemp("night")
-    return root, make_jobs(root, NIGHT_JOBS)
+    generated = make_jobs(root, NIGHT_JOBS)
+    readable = {source for source in sources() if find_jobs([source]).paths()}
+    return root, [job for job in generated if job.source in readable]
+
+
+def test_a_fixture_that_is_no_job_is_one_analyze_reads_nothing_in():
+    for source in sources():
+        if not find_jobs([source]).paths():
+            result = run("analyze", source)
+            assert result.exit_code == 2 and "no training logs found" in result.output, source
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +77,8 @@ def test_scan_writes_one_analysed_row_per_job(night, first_scan):
     _, jobs = night
     result, rows = first_scan
     assert result.exit_code == 1, result.output  # failures were identified
-    assert f"{NIGHT_JOBS} jobs: {NIGHT_JOBS} analysed, 0 reused" in result.output
+    assert f"{len(jobs)} jobs: {len(jobs)} analysed, 0 reused" in result.output
+    assert f"found {len(jobs)} jobs under" in result.output
     assert rows.get_column("job").to_list() == sorted(str(j.path) for j in jobs)
     assert rows.get_column("status").unique().to_list() == [STATUS_ANALYSED]
     assert {"job", "category", "culprit_ranks", "culprit_hosts", "confidence", "error"} <= set(rows.columns)
@@ -77,7 +88,7 @@ def test_rows_equal_analyze_json_for_every_kind_of_job(night, first_scan):
     """One generated copy of every fixture, through `analyze --format json`."""
     _, jobs = night
     rows = by_job(first_scan[1])
-    for generated in jobs[: len(sources())]:
+    for generated in {job.source: job for job in reversed(jobs)}.values():  # the first copy of each source
         result = run("analyze", generated.path, "--format", "json")
         report = json.loads(result.output)
         row = rows[str(generated.path)]
@@ -92,7 +103,7 @@ def test_rows_equal_analyze_json_for_every_kind_of_job(night, first_scan):
 def test_every_row_is_its_source_fixtures_verdict_with_hosts_renamed(night, first_scan):
     _, jobs = night
     rows = by_job(first_scan[1])
-    source_verdicts = {src: analyze(src).report["verdict"] for src in sources()}
+    source_verdicts = {src: analyze(src).report["verdict"] for src in {job.source for job in jobs}}
     for generated in jobs:
         want = source_verdicts[generated.source]
         row = rows[str(generated.path)]
@@ -128,14 +139,16 @@ def test_html_and_summary_show_the_recurring_hosts(outputs, first_scan):
 
 def test_rescan_with_nothing_changed_reuses_every_row(night, outputs, first_scan):
     root, _ = night
-    result = run("scan", root, "--out", outputs / "again.parquet", "--cache", outputs / "night.cache.json", "-j", 2)
-    assert result.exit_code == 1
-    assert f"{NIGHT_JOBS} jobs: 0 analysed, {NIGHT_JOBS} reused" in result.output
+    made_by = first_scan[1].select("analyzer_version", "analyzer_hash", "catalogue_hash").row(0, named=True)
+    with code_unchanged(made_by):
+        result = run("scan", root, "--out", outputs / "again.parquet", "--cache", outputs / "night.scan.db", "-j", 2)
+        assert result.exit_code == 1
+        assert f"{len(night[1])} jobs: 0 analysed, {len(night[1])} reused" in result.output
     assert pl.read_parquet(outputs / "again.parquet").equals(first_scan[1])
 
 
 def test_ray_engine_gives_the_same_rows(night, outputs, first_scan):
-    import ray
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
     root, _ = night
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -155,10 +168,17 @@ def test_ray_engine_gives_the_same_rows(night, outputs, first_scan):
 # ---------------------------------------------------------------------------------------------
 
 
-def _touch(path: Path, text: str = "x\n") -> Path:
+LOG_LINE = "node-1:4021:4021 NCCL INFO NCCL version 2.21.5+cuda12.4\n"  # a line the text parser recognises
+
+
+def _touch(path: Path, text: str = LOG_LINE) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def _found(root: Path, **kwargs) -> list[str]:
+    return [Path(p).relative_to(root).as_posix() for p in find_jobs([root], **kwargs).paths()]
 
 
 def test_job_discovery_rule(tmp_path):
@@ -170,30 +190,35 @@ def test_job_discovery_rule(tmp_path):
     _touch(tmp_path / "deep" / "2024" / "01" / "job-7" / "sub" / "rank1.log")  # part of job-7
     _touch(tmp_path / ".trash" / "old" / "x.log")  # hidden: skipped
     (tmp_path / "empty").mkdir()  # holds nothing: not a job
-    found = [Path(p).relative_to(tmp_path).as_posix() for p in find_jobs([tmp_path])]
-    assert found == ["deep/2024/01/job-7", "slurm", "tr", "two/run_a", "two/run_b"]
+    _touch(tmp_path / "docs" / "notes.txt", "what we ran tonight\n")  # no log line: not a job
+    search = find_jobs([tmp_path])
+    assert _found(tmp_path) == ["deep/2024/01/job-7", "slurm", "tr", "two/run_a", "two/run_b"]
+    assert search.by_rule() == {RULE_LOGS: 2, RULE_LOG_DIR: 1, RULE_TORCHRUN: 2}
+    assert search.not_jobs == [(str(tmp_path / "docs"), "notes.txt")]
 
 
 def test_a_file_root_and_a_root_holding_files_are_jobs(tmp_path):
     log = _touch(tmp_path / "console.log")
     _touch(tmp_path / "child" / "more.log")
-    assert find_jobs([log]) == [str(log)]
-    assert find_jobs([tmp_path]) == [str(tmp_path)]
+    assert find_jobs([log]).paths() == [str(log)]
+    assert find_jobs([tmp_path]).paths() == [str(tmp_path)]
 
 
 def test_scan_outputs_do_not_make_their_directory_a_job(tmp_path):
     _touch(tmp_path / "job-1" / "log.txt")
     out = tmp_path / "scan.parquet"
     _touch(out)
-    assert find_jobs([tmp_path], exclude=[out]) == [str(tmp_path / "job-1")]
+    assert find_jobs([tmp_path], exclude=[out]).paths() == [str(tmp_path / "job-1")]
 
 
 def test_glob_and_manifest_override_the_rule(tmp_path):
     for name in ("a", "b", "c"):
         _touch(tmp_path / "jobs" / name / "logs" / "x.log")
-    assert find_jobs([tmp_path / "jobs"], pattern="[ab]/logs") == [str(tmp_path / "jobs" / n / "logs") for n in "ab"]
+    globbed = find_jobs([tmp_path / "jobs"], pattern="[ab]/logs").paths()
+    assert globbed == [str(tmp_path / "jobs" / n / "logs") for n in "ab"]
     manifest = _touch(tmp_path / "list.txt", "# tonight\njobs/c\n\njobs/a/logs/x.log\n")
-    assert find_jobs([], manifest=manifest) == [str(tmp_path / "jobs" / "a" / "logs" / "x.log"), str(tmp_path / "jobs" / "c")]
+    listed = find_jobs([], manifest=manifest).paths()
+    assert listed == [str(tmp_path / "jobs" / "a" / "logs" / "x.log"), str(tmp_path / "jobs" / "c")]
 
 
 def test_missing_root_and_no_job_exit_two(tmp_path):
@@ -229,14 +254,15 @@ def test_cache_key_covers_path_inputs_analyzer_and_catalogue():
         assert key != cache_key("/j", "fp", {**versions, name: versions[name] + "x"})
 
 
-def test_a_changed_job_is_analysed_again_and_the_rest_reused(tmp_path):
+def test_a_changed_job_is_analysed_again_and_the_rest_reused(tmp_path, versions_at_start):
     jobs = [str(j.path) for j in make_jobs(tmp_path / "night", 3)]
-    cache = tmp_path / "scan.cache.json"
-    first = scan(jobs, workers=1, cache_path=cache)
-    with open(Path(jobs[1]) / "log.txt", "a", encoding="utf-8") as fh:
-        fh.write("one more line\n")
-    again = scan(jobs, workers=1, cache_path=cache)
-    assert (first.analysed, again.analysed, again.reused) == (3, 1, 2)
+    cache = tmp_path / "scan.db"
+    with code_unchanged(versions_at_start):
+        first = scan(jobs, workers=1, store_path=cache)
+        with open(Path(jobs[1]) / "log.txt", "a", encoding="utf-8") as fh:
+            fh.write("one more line\n")
+        again = scan(jobs, workers=1, store_path=cache)
+        assert (first.analysed, again.analysed, again.reused) == (3, 1, 2)
     assert again.frame.drop(VOLATILE_COLUMNS, "fingerprint").equals(first.frame.drop(VOLATILE_COLUMNS, "fingerprint"))
 
 
@@ -245,25 +271,25 @@ def test_a_changed_job_is_analysed_again_and_the_rest_reused(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
-def raising_task(job: str) -> dict:
+def raising_task(spec: JobSpec) -> dict:
     """The real per-job function, except that a job named `boom` raises out of the task itself."""
-    if Path(job).name == "boom":
+    if Path(spec.job).name == "boom":
         raise RuntimeError("task blew up")
-    return analyse_job(job)
+    return analyse_job(spec)
 
 
-def dying_task(job: str) -> dict:
+def dying_task(spec: JobSpec) -> dict:
     """The real per-job function, except that a job named `die` kills its worker process."""
-    if Path(job).name == "die":
+    if Path(spec.job).name == "die":
         os._exit(3)
-    return analyse_job(job)
+    return analyse_job(spec)
 
 
 def test_unreadable_and_crashing_jobs_are_rows_not_an_aborted_scan(tmp_path):
     good = make_jobs(tmp_path / "night", 2)
     _touch(tmp_path / "binary" / "core").write_bytes(bytes(range(256)) * 400)
     _touch(tmp_path / "boom" / "log.txt")
-    jobs = find_jobs([tmp_path])
+    jobs = [*find_jobs([tmp_path]).paths(), str(tmp_path / "binary")]  # it holds no log: named explicitly
     result = scan(jobs, workers=1, task=raising_task)
     rows = by_job(result.frame)
     assert rows[str(tmp_path / "binary")]["status"] == STATUS_CANNOT_ANALYSE
@@ -282,7 +308,7 @@ def test_an_analyzer_exception_is_the_jobs_error(tmp_path, monkeypatch):
         raise KeyError("rank")
 
     monkeypatch.setattr(analyzer.api, "analyze", broken)
-    row = analyse_job(str(tmp_path))
+    row = analyse_job(JobSpec(str(tmp_path)))["row"]
     assert row["status"] == STATUS_CRASHED
     assert row["error"].startswith("KeyError: 'rank' (at test_scan.py:")
 
@@ -290,7 +316,7 @@ def test_an_analyzer_exception_is_the_jobs_error(tmp_path, monkeypatch):
 def test_a_worker_that_dies_costs_only_its_own_job(tmp_path):
     good = make_jobs(tmp_path / "night", 3)
     _touch(tmp_path / "die" / "log.txt")
-    result = scan(find_jobs([tmp_path]), workers=2, task=dying_task)
+    result = scan(find_jobs([tmp_path]).paths(), workers=2, task=dying_task)
     rows = by_job(result.frame)
     assert rows[str(tmp_path / "die")]["status"] == STATUS_CRASHED
     assert rows[str(tmp_path / "die")]["error"] == WORKER_DIED
@@ -302,9 +328,20 @@ def test_scan_and_fleet_are_in_the_readme():
     assert "postmortem scan" in readme and "postmortem fleet" in readme
 
 
-def test_a_damaged_cache_costs_a_rescan_not_an_error(tmp_path):
-    from analyzer.scan import ScanCache
+def test_a_store_of_another_format_is_started_afresh_and_a_foreign_file_refused(tmp_path):
+    import sqlite3
 
-    for text in ("{not json", '{"format": 1, "entries": []}', '{"format": 1, "entries": {"/j": 3}}'):
-        (tmp_path / "c.json").write_text(text)
-        assert ScanCache(tmp_path / "c.json").get("/j", "k") is None
+    from analyzer.fleet import ScanError
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE meta(name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        db.execute("INSERT INTO meta VALUES ('format', '1')")
+        db.execute("CREATE TABLE results(job, key, status, limit_s, events_file, row, findings, saved_at)")
+        db.execute("INSERT INTO results VALUES ('/j', 'k', 'analysed', NULL, NULL, '{}', '[]', 0)")
+    store = Store(path)
+    assert store.get("/j", "k", job_timeout=None, want_events=False) is None and store.finished() == 0
+    store.close()
+    (tmp_path / "c.json").write_text('{"format": 1, "entries": {}}')
+    with pytest.raises(ScanError, match="not a scan store"):
+        Store(tmp_path / "c.json")
