@@ -34,10 +34,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 import polars as pl
+
+from analyzer.bounds import MAX_WORLD_SIZE, bounded_str, int64, rank_number
 
 from analyzer.exits import INPUT_ERRORS
 
@@ -340,23 +343,34 @@ def _is_tensor(value: Any) -> bool:
     return value is _TENSOR or (isinstance(value, _Opaque) and bool(_TENSOR_BUILDERS.match(value.qualname)))
 
 
+_MAX_CHILDREN = 10_000  # children of one container looked at; a state dict's keys are in its first ones
+_MAX_KEY_CHARS = 256
+
+
+def _key(key: Any) -> str:
+    """A child's key as bounded text: keys may be tuples shared at every level, or 100 MB strings."""
+    return key if type(key) is str and len(key) <= _MAX_KEY_CHARS else bounded_str(key, _MAX_KEY_CHARS)
+
+
 def _children(value: Any) -> list[tuple[str, Any]]:
-    """Named children of a container or placeholder (OrderedDict items, a dataclass's state)."""
+    """Named children of a container or placeholder (OrderedDict items, a dataclass's state), the
+    first _MAX_CHILDREN of them."""
     if isinstance(value, dict):
-        return [(str(k), v) for k, v in value.items()]
+        return [(_key(k), v) for k, v in islice(value.items(), _MAX_CHILDREN)]
     if isinstance(value, (list, tuple)):
-        return [(str(i), v) for i, v in enumerate(value)]
+        return [(str(i), v) for i, v in enumerate(islice(value, _MAX_CHILDREN))]
     if isinstance(value, _Opaque) and not _is_tensor(value):
-        named = [(str(k), v) for k, v in value.pairs]
+        named = [(_key(k), v) for k, v in islice(value.pairs, _MAX_CHILDREN)]
         state = value.state
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):  # (dict, slots)
-            state = {**(state[0] or {}), **state[1]}
+            first = dict(islice(state[0].items(), _MAX_CHILDREN)) if isinstance(state[0], dict) else {}
+            state = {**first, **dict(islice(state[1].items(), _MAX_CHILDREN))}
         if isinstance(state, dict):
-            named += [(str(k), v) for k, v in state.items() if k != "_metadata"]
-        named += [(str(i), v) for i, v in enumerate(value.items)]
-        if not named and value.args:  # e.g. defaultdict(list) then items, or a namedtuple
-            named = [(str(i), v) for i, v in enumerate(value.args) if not isinstance(v, type)]
-        return named
+            named += [(_key(k), v) for k, v in islice(state.items(), _MAX_CHILDREN) if k != "_metadata"]
+        named += [(str(i), v) for i, v in enumerate(islice(value.items, _MAX_CHILDREN))]
+        if not named and isinstance(value.args, tuple):  # e.g. defaultdict(list) then items, or a namedtuple
+            named = [(str(i), v) for i, v in enumerate(value.args[:_MAX_CHILDREN]) if not isinstance(v, type)]
+        return named[:_MAX_CHILDREN]
     return []
 
 
@@ -372,12 +386,15 @@ def _empty(value: Any) -> bool:
 
 def _has_tensor(value: Any, budget: int = 5_000) -> bool:
     stack = [value]
+    seen: set[int] = set()  # a container that holds itself (or one shared at every level) is looked into once
     while stack and budget > 0:
         budget -= 1
         node = stack.pop()
         if _is_tensor(node):
             return True
-        stack.extend(v for _, v in _children(node))
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(v for _, v in _children(node)[:budget])
     return False
 
 
@@ -457,6 +474,7 @@ def summarize(obj: Any, name: str = "", refs: Iterable[Any] = ()) -> Contents:
     stack: list[tuple[tuple[str, ...], Any]] = [((), obj)]
     weights = 0  # tensors outside every recognised subtree
     budget = _WALK_NODES
+    expanded: set[int] = set()  # each container's children are pushed once: a dict that holds itself ends
     while stack and budget > 0:
         budget -= 1
         path, value = stack.pop()
@@ -479,23 +497,24 @@ def summarize(obj: Any, name: str = "", refs: Iterable[Any] = ()) -> Contents:
             number = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
             in_config = bool(set(ancestors) & _CONFIG_TOKENS)
             if len(path) <= 2 and number and not in_config:
-                if lowered in _STEP_KEYS and isinstance(value, int) and found.step is None:
+                if lowered in _STEP_KEYS and int64(value) is not None and isinstance(value, int) and found.step is None:
                     found.step = value
                     found.components.add("step")
-                elif lowered in _EPOCH_KEYS and found.epoch is None:
+                elif lowered in _EPOCH_KEYS and found.epoch is None and value < 1e9:
                     found.epoch = float(value)
                     found.components.add("step")
             if len(path) <= 3 and lowered in _SCALARS:
-                if isinstance(value, int) and not isinstance(value, bool):
-                    found.scalars.setdefault(lowered, value)
-                elif isinstance(value, list) and value and isinstance(value[0], int):
-                    found.scalars.setdefault(lowered, value[0])  # ZeRO's partition_count is a list per group
+                # World sizes and partition counts past any real job (`dp_world_size=3e8`) are not believed.
+                first = value[0] if isinstance(value, list) and value else value  # ZeRO's partition_count: one per group
+                if rank_number(first) is not None and not isinstance(first, float):
+                    found.scalars.setdefault(lowered, int(first))
         elif _is_tensor(value):
             found.tensors += 1
             weights += 1
             continue
-        if len(path) < _WALK_DEPTH:
-            stack.extend((path + (k,), v) for k, v in reversed(_children(value)))
+        if len(path) < _WALK_DEPTH and id(value) not in expanded:
+            expanded.add(id(value))
+            stack.extend((path + (k,), v) for k, v in reversed(_children(value)[:budget]))
     if weights:
         found.components.add("model")
     if obj is not None and not _empty(obj) and name:
@@ -969,7 +988,7 @@ def _step_from_name(*names: str) -> tuple[int | None, float | None]:
     for name in names:
         match = _STEP_IN_NAME.search(name)
         if match:
-            return int(match.group(1)), None
+            return int64(match.group(1)), None
     for name in names:
         match = _EPOCH_IN_NAME.search(name)
         if match:
@@ -1108,7 +1127,7 @@ def _dcp_record(display: str, directory: Path, files: list[str]) -> dict:
     missing = sorted(f for f in need if f not in present)
     short = sorted(f for f in need if f in present and present[f] < need[f])
     extra = sorted(set(present) - set(need))
-    ranks = sorted({int(m.group(1)) for f in missing + short if (m := _DCP_SHARD.match(f))})
+    ranks = sorted({r for f in missing + short if (m := _DCP_SHARD.match(f)) and (r := rank_number(m.group(1))) is not None})
     record.update(shards_expected=len(need), shards_present=len(need) - len(missing) - len(short),
                   missing_shards=missing + short, missing_ranks=ranks)
     if extra:
@@ -1191,12 +1210,15 @@ def _deepspeed_record(display: str, directory: Path, files: list[str], auditor: 
             scalars.setdefault(k, v)
     models = {f: _DS_MODEL.match(f) for f in members if _DS_MODEL.match(f)}
     optims = {f: _DS_OPTIM.match(f) for f in members if _DS_OPTIM.match(f)}
-    mp_seen = [int(m.group(3)) for m in models.values()] + [int(m.group(3)) for m in optims.values()]
-    dp_seen = [int(m.group(2)) for m in optims.values()] + [int(m.group(2)) for m in models.values() if m.group(2)]
+    # Shard numbers and sizes past any real job (`mp_rank_<30 digits>`) count as no number.
+    mp_seen = [r for r in (rank_number(m.group(3)) for m in (*models.values(), *optims.values())) if r is not None]
+    dp_seen = [r for r in (rank_number(m.group(2)) for m in (*optims.values(), *models.values()) if m.group(2)) if r is not None]
     mp = scalars.get("mp_world_size") or (max(mp_seen) + 1 if mp_seen else 1)
     dp = scalars.get("dp_world_size") or scalars.get("partition_count") or (max(dp_seen) + 1 if dp_seen else 1)
     if not scalars.get("dp_world_size") and not scalars.get("partition_count") and auditor.world_size:
         dp = max(dp, auditor.world_size // max(mp, 1))
+    if mp * dp > MAX_WORLD_SIZE:  # each value is plausible, not their product: fall back to the files present
+        mp, dp = (max(mp_seen) + 1 if mp_seen else 1), (max(dp_seen) + 1 if dp_seen else 1)
     expected: list[str] = []
     zero3 = any(m.group(2) for m in models.values())
     if zero3:
@@ -1515,7 +1537,9 @@ def _loose_files(directory: Path, files: list[str], rel: Any, auditor: _Auditor,
     for f in singles:
         match = _RANK_FILE.match(f)
         if match:
-            groups.setdefault((match.group(1), match.group(3) or ""), {})[int(match.group(2))] = f
+            rank = rank_number(match.group(2))  # `model_rank<30 digits>.pt` is no rank file
+            if rank is not None:
+                groups.setdefault((match.group(1), match.group(3) or ""), {})[rank] = f
     grouped = set()
     for pattern, members in sorted(groups.items()):
         if len(members) < 2:

@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analyzer.analyses import JobContext
+from analyzer.bounds import MAX_WORLD_SIZE, rank_number
 from analyzer.discover import InputFile
+
+# Columns that count ranks: a value past MAX_WORLD_SIZE (a `rank 10^18` line, `nranks 100000000`)
+# is an invalid value on its line, so no later stage sizes a range, a set or a matrix by it.
+_RANK_COLUMNS = ("rank", "local_rank", "pg_rank", "nranks")
 
 
 @dataclass
@@ -39,6 +44,7 @@ class JobFacts:
 
 
 def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFrame, JobFacts]:
+    events = _plausible_ranks(events)
     events = _apply_file_hints(events, inputs)
     events = _ranks_from_pids(events)
     events = _ranks_from_single_rank_files(events)
@@ -51,12 +57,23 @@ def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFra
     return events, _facts(events)
 
 
+def _plausible_ranks(events: pl.DataFrame) -> pl.DataFrame:
+    def plausible(value: pl.Expr) -> pl.Expr:
+        return pl.when(value.is_between(0, MAX_WORLD_SIZE)).then(value)
+
+    return events.with_columns(
+        *[plausible(pl.col(name)).alias(name) for name in _RANK_COLUMNS],
+        pl.col("ranks_ref").list.eval(pl.element().filter(pl.element().is_between(0, MAX_WORLD_SIZE))),
+    )
+
+
 def _apply_file_hints(events: pl.DataFrame, inputs: list[InputFile]) -> pl.DataFrame:
+    # A name such as `rank<30 digits>.log` gives no hint: the number is not a rank.
     hints = pl.DataFrame(
         {
             "file": [i.path for i in inputs],
-            "hint_rank": [i.rank_hint for i in inputs],
-            "hint_local": [i.local_rank_hint for i in inputs],
+            "hint_rank": [rank_number(i.rank_hint) for i in inputs],
+            "hint_local": [rank_number(i.local_rank_hint) for i in inputs],
         },
         schema={"file": pl.String, "hint_rank": pl.Int64, "hint_local": pl.Int64},
     )

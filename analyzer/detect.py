@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analyzer.analyses import JobContext, load_all
+from analyzer.bounds import MAX_WORLD_SIZE
 from analyzer.findings import concat_findings, finding, findings_frame
 from analyzer.rules import Rule, catalogue
 
@@ -56,6 +57,8 @@ def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) 
     if not rules or events.height == 0:
         return findings_frame([])
     mention = pl.concat_str([pl.col("message").fill_null(""), pl.col("detail").fill_null("")], separator=" ")
+    # A rank past int64 or past any real job (`rank 10^18`) is no rank: dropped, never a culprit.
+    named = pl.element().str.extract(r"(\d+)").cast(pl.Int64, strict=False)
     flags = events.select(
         "event_id",
         "rank",
@@ -63,7 +66,7 @@ def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) 
         "message",
         pl.coalesce(
             pl.col("ranks_ref"), mention.str.extract_all(_RANK_MENTION).list.eval(
-                pl.element().str.extract(r"(\d+)").cast(pl.Int64)
+                named.filter(named.is_between(0, MAX_WORLD_SIZE))
             )
         ).alias("ranks_named"),
         *[rule.expression().alias(rule.id) for rule in rules],

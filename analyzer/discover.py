@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 
 import zstandard
 
+from analyzer.bounds import rank_number
 from analyzer.resources import data_dir
 
 # Caps that keep one hostile input from exhausting the machine.
@@ -1015,11 +1016,12 @@ def _apply_layout_hints(item: InputFile) -> None:
     member_path = item.path.split("!")[-1]
     match = _TORCHRUN_RANK_DIR.search(member_path)
     if match:
-        item.attempt, item.local_rank_hint = int(match.group(1)), int(match.group(2))
+        # `attempt_<30 digits>/` or a huge rank directory is no hint (bounds.rank_number: None).
+        item.attempt, item.local_rank_hint = rank_number(match.group(1)), rank_number(match.group(2))
         return
     name_match = _RANK_IN_NAME.search(Path(member_path).name)
     if name_match:
-        item.rank_hint = int(name_match.group(1))
+        item.rank_hint = rank_number(name_match.group(1))
 
 
 def iter_text_chunks(item: InputFile, chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:

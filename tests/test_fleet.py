@@ -6,13 +6,15 @@ import io
 from pathlib import Path
 
 import polars as pl
+import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
 from analyzer.cli import main
-from analyzer.fleet import fleet_view, print_fleet_summary
+from analyzer.fleet.rows import STATUS_ANALYSED, STATUS_CANNOT_ANALYSE, STATUS_CRASHED, STATUS_TIMED_OUT, rows_frame
+from analyzer.fleet.view import fleet_view
 from analyzer.render.fleet_html import render_fleet_html
-from analyzer.scan import STATUS_ANALYSED, STATUS_CANNOT_ANALYSE, STATUS_CRASHED, rows_frame, write_outputs
+from analyzer.render.fleet_text import print_fleet_summary
 
 HOSTILE = '<script>alert("x")</script>'
 
@@ -41,6 +43,7 @@ def scan_table() -> pl.DataFrame:
         *(healthy(f"/n/ok{i}", hosts=["bad", "meh"]) for i in range(5)),
         {"job": "/n/<b>unreadable</b>", "status": STATUS_CANNOT_ANALYSE, "error": "nothing readable <here>"},
         {"job": "/n/crash", "status": STATUS_CRASHED, "error": "KeyError: 'rank'"},
+        {"job": "/n/slow", "status": STATUS_TIMED_OUT, "error": "the analysis did not finish within the 300 s job time limit"},
     ]
     return rows_frame(rows)
 
@@ -59,9 +62,10 @@ def test_gpus_signatures_categories_and_problems():
     signatures = view.signatures.select("rule_id", "failed_jobs", "jobs_fired").rows()
     assert signatures == [("rule-a", 4, 4), ("rule-c", 4, 4), ("rule-b", 3, 3)]
     assert view.signatures.filter(pl.col("rule_id") == "rule-c").item(0, "hosts").to_list() == sorted(["meh", HOSTILE])
-    assert view.totals == {"jobs": 18, "analysed": 16, "failed": 11, "no_failure": 5, "cannot_analyse": 1, "crashed": 1}
+    assert view.totals == {"jobs": 19, "analysed": 16, "failed": 11, "no_failure": 5, "cannot_analyse": 1,
+                           "timed_out": 1, "crashed": 1}
     assert dict(view.categories.rows())["none"] == 5
-    assert view.problems.get_column("status").to_list() == [STATUS_CANNOT_ANALYSE, STATUS_CRASHED]
+    assert view.problems.get_column("status").to_list() == [STATUS_CANNOT_ANALYSE, STATUS_CRASHED, STATUS_TIMED_OUT]
 
 
 def test_html_page_escapes_everything_and_loads_nothing():
@@ -77,7 +81,8 @@ def test_terminal_summary_lists_offenders_in_order():
     buffer = io.StringIO()
     print_fleet_summary(fleet_view(scan_table()), Console(file=buffer, width=200), top=4)
     text = buffer.getvalue()
-    assert "18 jobs: 11 failed, 5 no failure found, 1 could not be analysed, 1 crashed the analyzer" in text
+    assert ("19 jobs: 11 failed, 5 no failure found, 1 could not be analysed, 1 timed out, 1 crashed the analyzer"
+            in text)
     assert text.index("busy") < text.index("bad") < text.index("meh")
     assert "<script>" in text  # printed as text, not interpreted as rich markup
     assert "KeyError: 'rank'" in text
@@ -85,10 +90,11 @@ def test_terminal_summary_lists_offenders_in_order():
 
 def test_fleet_command_reads_a_scan(tmp_path: Path):
     out = tmp_path / "scan.parquet"
-    write_outputs(scan_table(), out, tmp_path / "scan.jsonl")
+    scan_table().write_parquet(out)
+    scan_table().write_ndjson(tmp_path / "scan.jsonl")
     for source in (out, tmp_path / "scan.jsonl"):
         result = CliRunner().invoke(main, ["fleet", str(source), "--html", str(tmp_path / "fleet.html")])
-        assert result.exit_code == 0, result.output
+        assert result.exit_code == 1, result.output  # the scan found failures
         assert "Repeat-offender hosts" in result.output and "busy" in result.output
     assert "busy" in (tmp_path / "fleet.html").read_text(encoding="utf-8")
 
@@ -97,3 +103,101 @@ def test_fleet_command_refuses_a_table_that_is_not_a_scan(tmp_path: Path):
     pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "other.parquet")
     result = CliRunner().invoke(main, ["fleet", str(tmp_path / "other.parquet")])
     assert result.exit_code == 2 and "not a scan table" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Exit status, as the scan's; the terminal: names escaped, identifiers never cut.
+# ---------------------------------------------------------------------------------------------
+
+
+def _fleet(tmp_path: Path, rows: list[dict]):
+    path = tmp_path / "scan.parquet"
+    rows_frame(rows).write_parquet(path)
+    return CliRunner().invoke(main, ["fleet", str(path)])
+
+
+def test_fleet_exit_status_follows_what_the_scan_found(tmp_path: Path):
+    ok, bad = healthy("/n/ok", hosts=["a"]), failed("/n/bad", "nccl_timeout", 0.9, hosts=["a"])
+    crash = {"job": "/n/crash", "status": STATUS_CRASHED, "error": "TypeError: x"}
+    slow = {"job": "/n/slow", "status": STATUS_TIMED_OUT, "error": "time limit"}
+    unreadable = {"job": "/n/u", "status": STATUS_CANNOT_ANALYSE, "error": "no training logs found"}
+    assert _fleet(tmp_path, [ok, slow, unreadable]).exit_code == 0  # no failure found
+    assert _fleet(tmp_path, [ok, bad, crash]).exit_code == 1  # a failure identified
+    assert _fleet(tmp_path, []).exit_code == 2  # nothing in the scan
+    result = _fleet(tmp_path, [ok, crash])  # the analyzer's own fault is never "no failure"
+    assert result.exit_code == 3 and "1 crashed the analyzer" in result.output
+
+
+HOSTILE_NAMES = {
+    "osc52": "job-\x1b]52;c;cm0gLXJmIH4=\x07",  # writes the clipboard
+    "csi": "job-\x1b[2J\x1b[31mred",  # clears the screen
+    "osc0": "job-\x1b]0;owned\x07",  # sets the window title
+    "c1": "job-\x9b31m-\x9d0;t\x9c",  # 8-bit CSI / OSC / ST
+    "bidi": "job-\u202egol.hcet",  # reads backwards
+    "isolate": "job-\u2066x\u2069",
+}
+
+
+def test_hostile_directory_names_are_printed_escaped_never_raw(tmp_path: Path):
+    rows = [{"job": f"/n/{name}", "status": STATUS_TIMED_OUT, "error": f"err {name}"} for name in HOSTILE_NAMES.values()]
+    rows.append(failed("/n/x", "nccl_timeout", 0.9, hosts=["\x1b]52;c;aGk=\x07host"]))
+    result = _fleet(tmp_path, rows)
+    for raw in ("\x1b", "\x07", "\x9b", "\x9d", "\x9c", "\u202e", "\u2066", "\u2069"):
+        assert raw not in result.output
+    assert "/n/job-\\x1b]52;c;cm0gLXJmIH4=\\x07" in result.output
+    assert "/n/job-\\u202egol.hcet" in result.output and "\\x9b31m" in result.output
+    assert "\\x1b]52;c;aGk=\\x07host" in result.output
+
+
+def test_scan_prints_hostile_job_names_escaped(tmp_path: Path):
+    log = "node-1:4021:4021 NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+    for name in HOSTILE_NAMES.values():
+        (tmp_path / "night" / name).mkdir(parents=True)
+        (tmp_path / "night" / name / "rank0.log").write_text(log)
+    (tmp_path / "night" / "\x1b]0;notes\x07").mkdir()
+    (tmp_path / "night" / "\x1b]0;notes\x07" / "README").write_text("nothing to see\n")
+    result = CliRunner().invoke(main, ["scan", str(tmp_path / "night"), "--out", str(tmp_path / "s.parquet"),
+                                       "--no-cache", "--job-timeout", "0.001"])
+    assert result.exit_code == 0, result.output
+    for raw in ("\x1b", "\x07", "\x9b", "\u202e", "\u2066"):
+        assert raw not in result.output
+    assert "night/job-\\x1b[2J\\x1b[31mred" in result.output  # a timed-out job's row
+    assert "night/\\x1b]0;notes\\x07 (README)" in result.output  # a folder that is not a job
+
+
+LONG_CATEGORY = "duplicate_gpu_or_cuda_visible_devices"
+LONG_RULE = "nccl-connect-to-unroutable-address"
+
+
+def _long_ids_table() -> pl.DataFrame:
+    rows = [
+        failed(f"/n/j{i}", LONG_CATEGORY if i % 2 else "network_unreachable_or_firewall", 0.8,
+               hosts=[f"gpu-node-{i:03d}.cluster.example.org"], gpus=[f"gpu-node-{i:03d}.cluster.example.org/gpu7"],
+               rule=LONG_RULE if i % 2 else "hang-rank-stuck-outside-collective")
+        for i in range(6)
+    ]
+    return rows_frame(rows)
+
+
+def _identifiers(view) -> set[str]:
+    return {*view.hosts.get_column("host"), *view.gpus.get_column("gpu"), *view.signatures.get_column("rule_id"),
+            *view.signatures.get_column("category")}
+
+
+@pytest.mark.parametrize("width", [80, 60, 120])
+def test_tables_in_a_narrow_terminal_never_cut_an_identifier(width: int):
+    view = fleet_view(_long_ids_table())
+    buffer = io.StringIO()
+    print_fleet_summary(view, Console(file=buffer, width=width, force_terminal=True, color_system=None), top=10)
+    lines = buffer.getvalue().splitlines()
+    for identifier in _identifiers(view):
+        assert any(identifier in line for line in lines), (identifier, buffer.getvalue())
+    table_lines = [line for line in lines if "│" in line or "─" in line or line.startswith("  ")]
+    assert all(len(line) <= width for line in table_lines)
+
+
+def test_piped_summary_is_not_wrapped(tmp_path: Path):
+    long_error = "no training logs found: " + "x" * 200
+    rows = [*(_long_ids_table().to_dicts()), {"job": "/n/" + "d" * 150, "status": STATUS_CANNOT_ANALYSE, "error": long_error}]
+    result = _fleet(tmp_path, rows)  # CliRunner's output is not a terminal, like a pipe
+    assert f"cannot_analyse /n/{'d' * 150}: {long_error}" in result.output.splitlines()

@@ -1,6 +1,6 @@
-"""Fleet view: what a scan table (one row per job, see `analyzer.scan`) says across jobs.
+"""Batch (fleet view): what a jobs table (one row per job, see `analyzer.fleet.rows`) says across jobs.
 
-The frames here are the input of the fleet renderers (the terminal summary below and
+The frames here are the input of the fleet renderers (`analyzer.render.fleet_text` and
 `analyzer.render.fleet_html`); nothing here reads logs.
 
 - **Repeat-offender hosts**: every host a failed job's verdict implicates (its culprit hosts, and
@@ -12,9 +12,12 @@ The frames here are the input of the fleet renderers (the terminal summary below
 - **GPUs** the same way, where the logs printed the culprit's device (`host/gpuN`).
 - **Recurring signatures**: verdict rules by the number of failed jobs they decided, with the
   hosts they implicated, and how many jobs the rule fired in at all (as verdict or as a symptom).
-- Counts by category and the jobs that could not be analysed or crashed the analyzer.
+- Counts by category and the jobs not analysed: could not be analysed, ran past the job time
+  limit, or crashed the analyzer.
 
-A failed job is an analysed job whose verdict category is not `none`.
+A failed job is an analysed job whose verdict category is not `none`. `exit_status` is the
+contract `scan` and `fleet` share: 1 when any job failed, else 3 when a job crashed the analyzer
+(its own fault: never passed off as "no failure"), else 0; a table without jobs is 2.
 """
 
 from __future__ import annotations
@@ -22,11 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import polars as pl
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from analyzer.scan import STATUS_ANALYSED, STATUS_CANNOT_ANALYSE, STATUS_CRASHED
+from analyzer.exits import EXIT_CANNOT_ANALYSE, EXIT_FAILURE_FOUND, EXIT_INTERNAL_ERROR, EXIT_NOTHING_FOUND
+from analyzer.fleet.rows import STATUS_ANALYSED, STATUS_CANNOT_ANALYSE, STATUS_CRASHED, STATUS_TIMED_OUT
 
 FAILED = (pl.col("status") == STATUS_ANALYSED) & (pl.col("category") != "none")
 EXAMPLE_JOBS = 5
@@ -40,7 +41,7 @@ class FleetView:
     signatures: pl.DataFrame
     categories: pl.DataFrame
     failed: pl.DataFrame  # the failed jobs, most confident first
-    problems: pl.DataFrame  # jobs that could not be analysed or crashed the analyzer
+    problems: pl.DataFrame  # jobs that could not be analysed, timed out or crashed the analyzer
 
 
 def fleet_view(scan: pl.DataFrame) -> FleetView:
@@ -64,6 +65,7 @@ def totals(scan: pl.DataFrame) -> dict[str, int]:
         FAILED.sum().alias("failed"),
         ((pl.col("status") == STATUS_ANALYSED) & (pl.col("category") == "none")).sum().alias("no_failure"),
         (pl.col("status") == STATUS_CANNOT_ANALYSE).sum().alias("cannot_analyse"),
+        (pl.col("status") == STATUS_TIMED_OUT).sum().alias("timed_out"),
         (pl.col("status") == STATUS_CRASHED).sum().alias("crashed"),
     )
     return {name: int(value or 0) for name, value in counts.row(0, named=True).items()}
@@ -158,36 +160,11 @@ def category_counts(scan: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Terminal summary (render).
-# ---------------------------------------------------------------------------------------------
-
-
-def print_fleet_summary(view: FleetView, console: Console, top: int = 10) -> None:
-    t = view.totals
-    console.print(
-        f"[bold]{t['jobs']} jobs[/bold]: {t['failed']} failed, {t['no_failure']} no failure found, "
-        f"{t['cannot_analyse']} could not be analysed, {t['crashed']} crashed the analyzer"
-    )
-    hosts = Table(title="Repeat-offender hosts (cordon candidates)")
-    hosts.add_column("host", no_wrap=True)
-    for column in ("failed jobs", "seen in", "conf. sum", "mean conf.", "categories", "GPUs"):
-        hosts.add_column(column, overflow="fold")
-    for row in view.hosts.head(top).iter_rows(named=True):
-        hosts.add_row(escape(row["host"]), str(row["failed_jobs"]), str(row["jobs_seen"]), f"{row['confidence_sum']:.2f}",
-                      f"{row['mean_confidence']:.2f}", escape(", ".join(row["categories"])), escape(", ".join(row["gpus"][:4])))
-    console.print(hosts if view.hosts.height else "No failed job named a host.")
-    signatures = Table(title="Recurring signatures")
-    signatures.add_column("rule", no_wrap=True)
-    for column in ("category", "failed jobs", "fired in", "mean conf.", "hosts"):
-        signatures.add_column(column, overflow="fold")
-    for row in view.signatures.head(top).iter_rows(named=True):
-        shown = ", ".join(row["hosts"][:4]) + (" ..." if len(row["hosts"]) > 4 else "")
-        signatures.add_row(escape(row["rule_id"]), row["category"], str(row["failed_jobs"]), str(row["jobs_fired"]),
-                           f"{row['mean_confidence']:.2f}", escape(shown))
-    if view.signatures.height:
-        console.print(signatures)
-    for row in view.problems.head(top).iter_rows(named=True):
-        console.print(f"[yellow]{row['status']}[/yellow] {escape(row['job'])}: {escape((row['error'] or '')[:300])}")
-    if view.problems.height > top:
-        console.print(f"... and {view.problems.height - top} more jobs not analysed (see the error column)")
+def exit_status(view: FleetView) -> int:
+    """The exit status of `scan` and `fleet` (module docstring)."""
+    totals = view.totals
+    if not totals["jobs"]:
+        return EXIT_CANNOT_ANALYSE
+    if totals["failed"]:
+        return EXIT_FAILURE_FOUND
+    return EXIT_INTERNAL_ERROR if totals["crashed"] else EXIT_NOTHING_FOUND

@@ -25,6 +25,7 @@ from typing import Any
 
 import polars as pl
 
+from analyzer.bounds import INT64_MAX, INT64_MIN, MAX_WORLD_SIZE, bounded_str, int64, rank_number
 from analyzer.discover import DecompressionLimit, InputFile
 from analyzer.events import EVENT_SCHEMA, UTC_TS, empty_events
 from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
@@ -127,9 +128,9 @@ def rank_from_name(path: str) -> int | None:
         stem = stem[: -len(suffix)]
     words = _RANK_WORD.findall(stem)
     if words:
-        return int(words[-1])  # host prefixes come first (`node12_nccl_trace_rank_3`): the last one is the rank
+        return rank_number(words[-1])  # host prefixes come first (`node12_nccl_trace_rank_3`): the last one is the rank
     match = _TRAILING_DIGITS.search(stem)
-    return int(match.group(1)) if match else None
+    return rank_number(match.group(1)) if match else None
 
 
 def decode_dump(data: bytes, fmt: str = "") -> object:
@@ -175,7 +176,7 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
     status_columns = _status_columns(pg_config, pg_status, members, rank)
     events = _frame(file, rank, (len(entries), entry_columns), (len(status_columns.get("pg", [])), status_columns))
     pgs = sorted(
-        set(members) | {str(k) for k in pg_status} | {pg for pg in entry_columns.get("pg", []) if pg is not None},
+        set(members) | {_text(k) for k in pg_status} | {pg for pg in entry_columns.get("pg", []) if pg is not None},
         key=_pg_sort_key,
     )
     summary = {
@@ -257,7 +258,7 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
     n = len(entries)
     if not n:
         return {}
-    names = [str(e.get("profiling_name") or "") for e in entries]
+    names = [_text(e.get("profiling_name")) or "" for e in entries]
     bare = [name.split(":", 1)[1].strip() if ":" in name else name.strip() for name in names]
     bases = [b.split(" ", 1)[0].lower() for b in bare]
     ops = [OP_NAMES.get(b) or b.upper() for b in bases]
@@ -308,9 +309,9 @@ def _status_columns(
     the list: 16k dumps x a 16k-rank default group would otherwise be 268M list elements.
     `nranks` is always set.
     """
-    names = sorted({str(k) for k in pg_config} | {str(k) for k in pg_status}, key=_pg_sort_key)
-    status = {str(k): v for k, v in pg_status.items() if isinstance(v, Mapping)}
-    config = {str(k): v for k, v in pg_config.items() if isinstance(v, Mapping)}
+    names = sorted({_text(k) for k in pg_config} | {_text(k) for k in pg_status}, key=_pg_sort_key)
+    status = {_text(k): v for k, v in pg_status.items() if isinstance(v, Mapping)}
+    config = {_text(k): v for k, v in pg_config.items() if isinstance(v, Mapping)}
     columns: dict[str, list] = {
         key: [] for key in ("kind", "line", "pg", "pg_rank", "nranks", "last_enqueued", "last_completed", "ranks_ref", "message", "detail")
     }
@@ -346,23 +347,55 @@ def _status_columns(
 # The fast paths matter: at 16k ranks x 2k entries every microsecond per entry is half a minute.
 
 
+# A hostile dump may hold anything where these fields are: numbers past int64, strings where dims
+# belong (`math.prod([10**9, "a"])` is a 1 GB string), or one list shared at every level (600 bytes
+# of pickle whose str() never ends). The fast paths run only on the shapes PyTorch writes; anything
+# else takes the bounded helpers.
+MAX_TENSORS = 64
+MAX_DIMS = 16
+MAX_FRAMES = 64
+
+
 def _frames_column(entries: list[Mapping]) -> list[str | None]:
     try:
-        return [" <- ".join([f"{f['name']} ({f['filename']}:{f['line']})" for f in e["frames"]]) or None for e in entries]
+        return [" <- ".join([f"{_plain(f['name'])} ({_plain(f['filename'])}:{_plain(f['line'])})"
+                             for f in e["frames"][:MAX_FRAMES]]) or None for e in entries]
     except (KeyError, TypeError):
         return [_frames_text(e.get("frames")) for e in entries]
 
 
+def _plain(value: object) -> object:
+    """A frame field for an f-string: str and small ints as they are; anything else bounded, or refused."""
+    if type(value) is str:
+        if len(value) > 1024:
+            raise TypeError("long frame field")
+        return value
+    if type(value) is int and INT64_MIN <= value <= INT64_MAX:
+        return value
+    raise TypeError("odd frame field")
+
+
+def _shapes_ok(sizes: object) -> bool:
+    """True for a list of at most MAX_TENSORS shapes, each a list of at most MAX_DIMS int64 ints."""
+    if type(sizes) is not list or len(sizes) > MAX_TENSORS:
+        return False
+    for shape in sizes:
+        if type(shape) is not list or len(shape) > MAX_DIMS:
+            return False
+        for dim in shape:
+            if type(dim) is not int or not 0 <= dim <= INT64_MAX:
+                return False
+    return True
+
+
 def _numel_column(sizes: list) -> list[int | None]:
-    try:
-        return [sum(map(math.prod, s)) for s in sizes]
-    except TypeError:
-        return [_numel(s) for s in sizes]
+    numels = [sum(map(math.prod, s)) if _shapes_ok(s) else None for s in sizes]
+    return [n if n is None or n <= INT64_MAX else None for n in numels]
 
 
 def _dtype_column(entries: list[Mapping], key: str) -> list[str]:
     try:
-        return [",".join(e[key]) or "-" for e in entries]
+        return [(",".join(e[key]) or "-") if len(e[key]) <= MAX_TENSORS else _dtypes(e[key]) for e in entries]
     except (KeyError, TypeError):
         return [_dtypes(e.get(key)) for e in entries]
 
@@ -373,11 +406,11 @@ def _dtype_column(entries: list[Mapping], key: str) -> list[str]:
 def _pg_of(entry: Mapping) -> str | None:
     group = entry.get("process_group")
     if isinstance(group, (list, tuple)) and group:
-        return str(group[0])
+        return _text(group[0])
     if isinstance(group, str):
-        return group
+        return _text(group)
     pg_id = entry.get("pg_id")
-    return None if pg_id is None else str(pg_id)  # pre-2.2 dumps: the local index, "0" = default PG
+    return None if pg_id is None else _text(pg_id)  # pre-2.2 dumps: the local index, "0" = default PG
 
 
 def _is_p2p(flag: object, op: str) -> bool:
@@ -387,16 +420,10 @@ def _is_p2p(flag: object, op: str) -> bool:
 
 
 def _int(value: object) -> int | None:
+    """An int64 (JSON dumps store some numbers as strings); past int64 it is an invalid value: None."""
     if type(value) is int:  # the common case first: this runs several times per entry
-        return value
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return int(value)
-    try:
-        return int(value)  # JSON dumps store some numbers as strings
-    except (TypeError, ValueError):
-        return None
+        return value if INT64_MIN <= value <= INT64_MAX else None
+    return int64(value)
 
 
 def _status_int(value: object) -> int | None:
@@ -405,7 +432,9 @@ def _status_int(value: object) -> int | None:
 
 
 def _text(value: object) -> str | None:
-    return None if value is None else str(value)
+    if type(value) is str and len(value) <= 1024:
+        return value
+    return None if value is None else bounded_str(value, 1024)
 
 
 def _created_ns(entry: Mapping) -> int | None:
@@ -417,35 +446,26 @@ def _created_ns(entry: Mapping) -> int | None:
     return ns if ns else None  # None and 0 both mean "unknown"
 
 
-def _numel(sizes: object) -> int | None:
-    if not isinstance(sizes, (list, tuple)):
-        return None
-    try:
-        return sum(math.prod(shape) for shape in sizes)
-    except TypeError:
-        return None
-
-
 def _sizes_text(sizes: object) -> str:
-    text = str(sizes).replace(" ", "")
+    text = (str(sizes) if _shapes_ok(sizes) else bounded_str(sizes, 512)).replace(" ", "")
     return text.replace("(", "[").replace(")", "]") if "(" in text else text
 
 
 def _dtypes(value: object) -> str:
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value) or "-"
-    return "-" if value is None else str(value)
+        return ",".join(_text(v) or "None" for v in value[:MAX_TENSORS]) or "-"
+    return "-" if value is None else (_text(value) or "-")
 
 
 def _frames_text(frames: object) -> str | None:
     if not frames or not isinstance(frames, list):
         return None
     parts = []
-    for frame in frames:
+    for frame in frames[:MAX_FRAMES]:
         if isinstance(frame, Mapping):
             line = frame.get("line")
-            where = f"{frame.get('filename')}" if line is None else f"{frame.get('filename')}:{line}"
-            parts.append(f"{frame.get('name')} ({where})")
+            where = f"{_text(frame.get('filename'))}" if line is None else f"{_text(frame.get('filename'))}:{_text(line)}"
+            parts.append(f"{_text(frame.get('name'))} ({where})")
     return " <- ".join(parts) or None
 
 
@@ -453,7 +473,9 @@ def _p2p_peer(bare_name: str, ranks: tuple[int, ...] | None) -> str | None:
     match = _P2P_PEERS.match(bare_name)
     if not match:
         return None
-    peer = int(match.group(2))  # `send me->peer`, `recv me<-peer`; PG ranks
+    peer = int64(match.group(2))
+    if peer is None:
+        return None  # `send me->peer`, `recv me<-peer`; PG ranks
     if ranks and 0 <= peer < len(ranks):
         return f"rank {ranks[peer]}"
     return f"pg rank {peer}"
@@ -468,11 +490,11 @@ def _pg_members(pg_config: Mapping) -> dict[str, tuple[int, ...]]:
         if isinstance(ranks, str):
             parsed = _parse_ranks(ranks)  # every dump of a job repeats the same strings: cached
         elif isinstance(ranks, (list, tuple)):
-            parsed = tuple(r for r in (_int(x) for x in ranks) if r is not None)
+            parsed = tuple(r for r in (rank_number(x) for x in ranks[:MAX_WORLD_SIZE]) if r is not None)
         else:
             continue
-        members[str(config.get("name", key))] = parsed
-        members.setdefault(str(key), parsed)
+        members[_text(config.get("name", key))] = parsed
+        members.setdefault(_text(key), parsed)
     return members
 
 
@@ -485,7 +507,7 @@ def _parse_ranks(text: str) -> tuple[int, ...]:
         values = re.findall(r"-?\d+", text)
     if not isinstance(values, list):
         return ()
-    return tuple(r for r in (_int(x) for x in values) if r is not None)
+    return tuple(r for r in (rank_number(x) for x in values[:MAX_WORLD_SIZE]) if r is not None)
 
 
 @lru_cache(maxsize=256)
@@ -502,8 +524,9 @@ def _pg_rank_of(ranks: tuple[int, ...] | None, rank: int | None) -> int | None:
     return _index_map(ranks).get(rank)
 
 
-def _pg_sort_key(name: str) -> tuple[int, int, str]:
-    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+def _pg_sort_key(name: str | None) -> tuple[int, int, str]:
+    number = int64(name) if name and name.isdigit() else None
+    return (0, number, "") if number is not None else (1, 0, name or "")
 
 
 def _fmt_seq(value: int | None) -> str:

@@ -19,17 +19,21 @@ from typing import Any
 
 import polars as pl
 
+from analyzer.bounds import bounded_str, cap_text, int64, rank_number
 from analyzer.discover import DecompressionLimit, InputFile
 from analyzer.events import EVENT_SCHEMA, empty_events
 
 MAX_DUMP_BYTES = 64 << 20
 MAX_FRAMES = 512  # a runaway recursion prints thousands of identical frames; the innermost ones matter
+# A line is cut here before any pattern sees it (py-spy prints one frame per line; the longest real
+# ones are C++ template symbols of a few KB), and frames are split with str.find, never a regex
+# that backtracks: a 3 MB line of ` (` without its `)` costs one pass.
+MAX_LINE_CHARS = 8192
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|^\[0m ?")
 _PROCESS = re.compile(r"^Process (\d+): ?(.*)$")
 _PARENT = re.compile(r"^Parent Process (\d+): ?(.*)$")
 _THREAD = re.compile(r'^Thread (0[xX][0-9a-fA-F]+|\d+) \(([^)]*)\)(?:: "(.*)")?\s*$')
-_FRAME = re.compile(r"^ {4}(\S.*?) \((.*)\)\s*$")  # `    func (file:line)`; locals sit at 8+ spaces
 _LOCALS_LINE = re.compile(r"^ {8}")
 _ERROR = re.compile(r"^(?:Error: |Permission Denied|Failed to )")
 _RANK_WORD = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
@@ -46,6 +50,9 @@ def parse_pyspy_text(item: InputFile) -> pl.DataFrame:
     if not any(row["kind"] == "stack.thread" for row in rows):
         _mark_empty(item, text)
         return empty_events()
+    cut = sum(1 for line in text.splitlines() if len(line) > MAX_LINE_CHARS)
+    if cut:
+        item.reason = f"{cut} line(s) longer than {MAX_LINE_CHARS} characters cut to their first {MAX_LINE_CHARS}"
     return _finish(rows, item)
 
 
@@ -82,11 +89,11 @@ def rank_from_name(path: str, pids: set[int] = frozenset()) -> int | None:
     for part in reversed(parts):
         words = _RANK_WORD.findall(part)
         if words:
-            return int(words[-1])
+            return rank_number(words[-1])
     stem = PurePosixPath(parts[-1]).stem if parts else ""
     match = _TRAILING_DIGITS.search(stem)
-    if match and "pid" not in stem.lower() and int(match.group(1)) not in pids:
-        return int(match.group(1))
+    if match and "pid" not in stem.lower() and rank_number(match.group(1)) not in pids:
+        return rank_number(match.group(1))
     return None
 
 
@@ -98,22 +105,23 @@ def _text_rows(text: str) -> Iterator[dict[str, Any]]:
     cmdline: str | None = None
     thread: dict[str, Any] | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
+        raw = raw[:MAX_LINE_CHARS]
         line = _ANSI.sub("", raw.rstrip("\r")) if ("\x1b" in raw or "[0m" in raw) else raw.rstrip("\r")
         if not line.strip():
             continue
         if line.startswith("    "):
             if thread is None or _LOCALS_LINE.match(line):
                 continue  # Arguments:/Locals: blocks of --locals, or frames outside any thread
-            frame = _FRAME.match(line)
+            frame = _split_frame(line)
             if frame and len(thread["frames"]) < MAX_FRAMES:
-                thread["frames"].append(_frame_text(frame.group(1), frame.group(2)))
+                thread["frames"].append(_frame_text(*frame))
             continue
         match = _THREAD.match(line)
         if match:
             if thread is not None:
                 yield thread
             ident, status, name = match.groups()
-            os_tid = int(ident) if ident.isdigit() else None  # `0X7F..` is a pthread id, not an OS tid
+            os_tid = _int(ident) if ident.isdigit() else None  # `0X7F..` is a pthread id, not an OS tid
             thread = {"kind": "stack.thread", "line": number, "pid": pid, "tid": os_tid, "status": status.strip(), "name": name,
                       "ident": ident, "frames": [], "text": line, "cmdline": cmdline}
             continue
@@ -122,7 +130,7 @@ def _text_rows(text: str) -> Iterator[dict[str, Any]]:
             if thread is not None:
                 yield thread
                 thread = None
-            pid, cmdline = int(process.group(1)), process.group(2).strip()
+            pid, cmdline = _int(process.group(1)), process.group(2).strip()
             yield {"kind": "stack.process", "line": number, "pid": pid, "cmdline": cmdline, "text": line}
             continue
         if _PARENT.match(line) or line.startswith("Python v") or set(line.strip()) <= {"-", "\u2500"}:
@@ -133,6 +141,17 @@ def _text_rows(text: str) -> Iterator[dict[str, Any]]:
             thread = None
     if thread is not None:
         yield thread
+
+
+def _split_frame(line: str) -> tuple[str, str] | None:
+    """`    func (file:line)` -> (func, file:line): func up to the first ` (`, the rest inside the last `)`."""
+    body = line[4:].rstrip()
+    if not body or body[0].isspace() or not body.endswith(")"):
+        return None
+    split = body.find(" (", 1)
+    if split < 0 or split + 2 > len(body) - 1:
+        return None
+    return body[:split], body[split + 2 : -1]
 
 
 def _frame_text(function: str, where: str) -> str:
@@ -182,8 +201,8 @@ def _json_row(thread: Mapping, dump_index: int, index: int) -> dict[str, Any]:
 
 
 def _json_frame(frame: Mapping) -> str:
-    name = frame.get("name") or "?"
-    filename = frame.get("short_filename") or frame.get("filename") or "?"
+    name = _field(frame.get("name"))
+    filename = _field(frame.get("short_filename") or frame.get("filename"))
     line = _int(frame.get("line"))
     if not line:
         # Native frames carry the library path and line 0; text output shows the basename.
@@ -299,10 +318,10 @@ def _mark_empty(item: InputFile, text: str) -> None:
         item.skip("py-spy output with no thread stacks", status="partial")
 
 
+def _field(value: object) -> str:
+    """A JSON frame's name or file as text of bounded length ("?" when absent)."""
+    return cap_text(value, MAX_LINE_CHARS) if isinstance(value, str) and value else bounded_str(value, 256) if value else "?"
+
+
 def _int(value: object) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+    return int64(value)  # past int64 (a 30-digit pid) is an invalid value, None

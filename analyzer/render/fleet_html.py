@@ -13,7 +13,7 @@ from html import escape
 import polars as pl
 
 from analyzer import __version__
-from analyzer.fleet import FleetView
+from analyzer.fleet.view import FleetView
 
 _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1b1f24;max-width:1400px}
@@ -42,7 +42,8 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
         + "".join(
             f"<span>{escape(label)}: <b>{t[key]}</b></span>"
             for key, label in (("jobs", "jobs"), ("failed", "failed"), ("no_failure", "no failure found"),
-                               ("cannot_analyse", "could not be analysed"), ("crashed", "crashed the analyzer"))
+                               ("cannot_analyse", "could not be analysed"), ("timed_out", "timed out"),
+                               ("crashed", "crashed the analyzer"))
         )
         + "</p>",
         "<h2>Repeat-offender hosts</h2>",

@@ -1,0 +1,15 @@
+"""Batch work (above the pipeline): analyse many jobs, keep every row as it is made, and the fleet view.
+
+- `jobs`: which directories under the scan roots are jobs, decided by their files' content;
+- `rows`: the per-job function a worker runs (one `analyzer.api.analyze`) and the tables it fills;
+- `store`: the inputs' fingerprint, the analyzer's identity and the SQLite store of finished rows;
+- `engines`: local worker processes (each job under a time limit) or Ray tasks;
+- `scan`: the scan itself and its Parquet outputs;
+- `view`: what a scan table says across jobs (read by `analyzer.render.fleet_text` / `fleet_html`).
+
+Nothing here imports the command line or a renderer; the commands live in `analyzer.cli_scan`.
+"""
+
+
+class ScanError(Exception):
+    """The scan cannot start: a missing root, an unreadable manifest or store, an unavailable engine."""

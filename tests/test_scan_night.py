@@ -1,0 +1,176 @@
+"""A night scan that keeps going and keeps what it did: jobs decided by content, a time limit per
+job, every row kept as it finishes (a SIGKILLed scan re-run redoes only the rest), and the findings
+and events tables beside the jobs table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from analyzer.api import analyze
+from analyzer.cli import main
+from analyzer.fleet.jobs import RULE_LOGS, find_jobs
+from analyzer.fleet.rows import STATUS_ANALYSED, STATUS_TIMED_OUT
+from analyzer.fleet.scan import scan
+from tests import scan_hooks
+from tests.scan_hooks import code_unchanged, versions_at_start  # noqa: F401 - a fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+# A recorded 2-rank hang: rank 1 never joined the all-reduce (verdict rank_absent_from_collective).
+HANG = ROOT / "fixtures" / "cases" / "rec-watchdog-timeout-rank1-skipped" / "job"
+RANK_LOGS = sorted(HANG.rglob("stderr.log"))
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def make_job(path: Path) -> Path:
+    """A job directory holding the recorded hang's two rank logs (`rank0.log`, `rank1.log`)."""
+    path.mkdir(parents=True)
+    for rank, log in enumerate(RANK_LOGS):
+        (path / f"rank{rank}.log").write_bytes(log.read_bytes())
+    return path
+
+
+def night_with_readme(root: Path, n: int) -> list[Path]:
+    (root / "README.md").parent.mkdir(parents=True, exist_ok=True)
+    (root / "README.md").write_text("# Incidents of the night\n\nOne folder per incident; see the tickets.\n")
+    return [make_job(root / f"incident-{i:02d}") for i in range(n)]
+
+
+def test_a_readme_beside_ten_job_folders_gives_ten_rows_and_says_so(tmp_path):
+    jobs = night_with_readme(tmp_path / "night", 10)
+    search = find_jobs([tmp_path / "night"])
+    assert search.paths() == [str(j) for j in jobs]
+    assert search.by_rule() == {RULE_LOGS: 10}
+    result = run("scan", tmp_path / "night", "--out", tmp_path / "out" / "night.parquet", "-j", 2, "--no-cache")
+    assert result.exit_code == 1, result.output
+    assert f"found 10 jobs under {tmp_path / 'night'}: 10 {RULE_LOGS}" in result.output
+    assert f"not jobs: 1 directory holding files but no training log or dump: {tmp_path / 'night'} (README.md)" in result.output
+    rows = pl.read_parquet(tmp_path / "out" / "night.parquet")
+    assert rows.get_column("job").to_list() == [str(j) for j in jobs]
+    assert set(rows.get_column("category")) == {"rank_absent_from_collective"}
+
+
+def test_a_job_holding_several_job_shaped_subtrees_is_warned_about(tmp_path):
+    root = tmp_path / "night"
+    night_with_readme(root / "all-in-one", 3)
+    (root / "all-in-one" / "launcher.log").write_bytes(RANK_LOGS[0].read_bytes())  # makes all-in-one a job
+    result = run("scan", root, "--out", tmp_path / "s.parquet", "--no-cache", "-j", 1)
+    assert "found 1 job under" in result.output
+    assert (f"warning: the job {root / 'all-in-one'} holds 3 subdirectories that look like jobs of their own "
+            "(incident-00, incident-01, incident-02)") in result.output
+
+
+def test_a_job_past_the_time_limit_is_a_timed_out_row_and_the_others_finish(tmp_path):
+    jobs = [make_job(tmp_path / name) for name in ("a", scan_hooks.SLOW_NAME, "b", "c")]
+    started = time.monotonic()
+    result = scan([str(j) for j in jobs], workers=2, job_timeout=5, task=scan_hooks.sleeping_task)
+    assert time.monotonic() - started < 120  # the sleeper (600 s) was killed, not waited for
+    rows = {Path(r["job"]).name: r for r in result.frame.iter_rows(named=True)}
+    assert rows["slow"]["status"] == STATUS_TIMED_OUT
+    assert rows["slow"]["error"].startswith("the analysis did not finish within the 5 s job time limit")
+    assert rows["slow"]["category"] is None
+    assert [rows[n]["status"] for n in "abc"] == [STATUS_ANALYSED] * 3
+
+
+def test_job_timeout_on_the_command_line(tmp_path):
+    night_with_readme(tmp_path / "night", 2)
+    result = run("scan", tmp_path / "night", "--out", tmp_path / "s.parquet", "--no-cache", "--job-timeout", 0.001)
+    assert result.exit_code == 0, result.output  # nothing failed, nothing crashed: the limit is the input's
+    assert "2 jobs: 0 failed, 0 no failure found, 0 could not be analysed, 2 timed out" in result.output
+    assert pl.read_parquet(tmp_path / "s.parquet").get_column("status").to_list() == [STATUS_TIMED_OUT] * 2
+
+
+def test_timed_out_rows_are_kept_and_retried_only_under_a_longer_limit(tmp_path, versions_at_start):
+    jobs = [str(make_job(tmp_path / scan_hooks.SLOW_NAME)), str(make_job(tmp_path / "fast"))]
+    store = tmp_path / "s.db"
+    with code_unchanged(versions_at_start):
+        first = scan(jobs, workers=2, job_timeout=3, store_path=store, task=scan_hooks.sleeping_task)
+        again = scan(jobs, workers=2, job_timeout=3, store_path=store, task=scan_hooks.sleeping_task)
+        assert (first.analysed, again.analysed, again.reused) == (2, 0, 2)
+        longer = scan(jobs, workers=2, job_timeout=4, store_path=store, task=scan_hooks.sleeping_task)
+        assert (longer.analysed, longer.reused) == (1, 1)
+
+
+KILLED_SCAN = """
+import sys
+from pathlib import Path
+from analyzer.fleet.scan import scan
+from tests import scan_hooks
+from tests.scan_hooks import code_unchanged, versions_at_start  # noqa: F401 - a fixture
+jobs = sys.argv[2:]
+scan(jobs, workers=1, store_path=Path(sys.argv[1]), task=scan_hooks.paced_task)
+"""
+
+
+def _stored(store: Path) -> set[str]:
+    try:
+        with sqlite3.connect(store, timeout=5) as db:
+            return {job for (job,) in db.execute("SELECT job FROM results")}
+    except sqlite3.OperationalError:  # not created yet
+        return set()
+
+
+def test_a_scan_killed_half_way_keeps_its_rows_and_the_rerun_does_only_the_rest(tmp_path, versions_at_start):
+    jobs = [str(make_job(tmp_path / "night" / f"job-{i}")) for i in range(8)]
+    store = tmp_path / "night.scan.db"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_SCAN, str(store), *jobs], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while len(_stored(store)) < 3 and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.2)
+        assert child.poll() is None, child.stderr.read().decode()
+        os.kill(child.pid, signal.SIGKILL)  # no clean-up of any kind: a Slurm time limit, the OOM killer
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    done = _stored(store)
+    assert 3 <= len(done) < len(jobs)
+    time.sleep(2 * scan_hooks.PACE_S)  # the killed scan's worker died with it: nothing more is stored
+    assert _stored(store) == done
+    with code_unchanged(versions_at_start):
+        rerun = scan(jobs, workers=2, store_path=store)
+        assert (rerun.reused, rerun.analysed) == (len(done), len(jobs) - len(done))
+    assert rerun.frame.get_column("job").to_list() == jobs
+    assert set(rerun.frame.get_column("status")) == {STATUS_ANALYSED}
+
+
+def test_findings_and_events_tables(tmp_path, versions_at_start):
+    jobs = night_with_readme(tmp_path / "night", 2)
+    out = tmp_path / "out" / "night.parquet"
+    result = run("scan", tmp_path / "night", "--out", out, "--events", "-j", 2)
+    assert result.exit_code == 1, result.output
+    findings = pl.read_parquet(tmp_path / "out" / "night.findings.parquet")
+    events = pl.read_parquet(tmp_path / "out" / "night.events.parquet")
+    report = json.loads(run("analyze", jobs[0], "--format", "json").output)
+    analysis = analyze(jobs[0])
+    for job in jobs:
+        mine = findings.filter(pl.col("job") == str(job)).sort("position")
+        assert mine.select("rule_id", "category", "ranks", "hosts", "confidence").to_dicts() == [
+            {k: f[k] for k in ("rule_id", "category", "ranks", "hosts", "confidence")} for f in report["findings"]
+        ]
+        assert mine.item(0, "rule_id") == report["verdict"]["rule_id"]
+        assert events.filter(pl.col("job") == str(job)).height == analysis.events.height
+    assert set(analysis.events.columns) <= set(events.columns)
+    # The fleet can be queried beyond the summary: which ranks were named, in how many jobs.
+    named = findings.filter(pl.col("position") == 0).explode("ranks").group_by("ranks").agg(pl.col("job").n_unique())
+    assert named.rows() == [(1, 2)]
+    # A re-run wanting events again reuses the rows and their events files.
+    with code_unchanged(versions_at_start):
+        again = run("scan", tmp_path / "night", "--out", out, "--events", "-j", 2)
+        assert "2 jobs: 0 analysed, 2 reused" in again.output
+    assert pl.read_parquet(tmp_path / "out" / "night.events.parquet").height == events.height
