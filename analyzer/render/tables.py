@@ -49,6 +49,11 @@ LABELS = {
     "cuda_driver": "CUDA (driver)",
     "driver_version": "NVIDIA driver",
     "torch_version": "PyTorch",
+    "cuda_runtime": "CUDA runtime",
+    "cudnn_version": "cuDNN",
+    "fabric_manager": "Fabric Manager",
+    "aws_ofi_nccl": "aws-ofi-nccl",
+    "deepspeed_version": "DeepSpeed",
     "gpu_model": "GPU",
     "gpu_memory": "GPU memory",
 }
@@ -99,6 +104,7 @@ class Row:
     alike: bool = False  # the folded majority: nothing marked
     per_rank: tuple[dict, ...] = ()
     per_rank_more: int = 0
+    known: tuple[dict, ...] = ()  # the known-issue entries the row's versions fall in (job.host_facts)
 
     @property
     def folded(self) -> bool:
@@ -107,6 +113,10 @@ class Row:
     @property
     def flagged(self) -> bool:
         return bool(self.marked) or self.duplicate_name or bool(self.per_rank) or self.culprit
+
+    def known_for(self, key: str) -> list[dict]:
+        """The known issues that mark this row's cell `key` (a version fact)."""
+        return [note for note in self.known if key in (note.get("facts") or ())]
 
 
 @dataclass(frozen=True)
@@ -291,13 +301,20 @@ def host_table(report: dict, *, fold_min: int = FOLD_MIN, max_rows: int = MAX_RO
     columns, common_env, per_host_env = _columns(records, report.get("findings") or [])
     resolved = [c for c in columns if c.odd is not None]
 
-    def marks(record: dict) -> frozenset[str]:
+    shown = {c.key for c in columns}
+
+    def differing_marks(record: dict) -> set[str]:
         """`differs`, less the cells on the side of an even split that a finding did not name."""
         keys = set(record.get("differs") or ())
         for column in resolved:
             if column.key in keys and _value(record, column.key) != column.odd:
                 keys.discard(column.key)
-        return frozenset(keys)
+        return keys
+
+    def marks(record: dict) -> frozenset[str]:
+        """The differing cells plus the version cells a known issue of the table affects."""
+        known = {fact for note in record.get("known_issues") or () for fact in note.get("facts") or ()}
+        return frozenset(differing_marks(record) | (known & shown))
 
     culprits = set(report.get("verdict", {}).get("culprit_hosts") or [])
     if len(culprits) > MAX_CULPRIT_ROWS:
@@ -328,7 +345,7 @@ def host_table(report: dict, *, fold_min: int = FOLD_MIN, max_rows: int = MAX_RO
     if len(rows) > max_rows:
         omitted = tuple(sorted(host for row in rows[max_rows:] for host in row.hosts))
         rows = rows[:max_rows]
-    differing = sum(1 for r in records if marks(r) or r.get("duplicate_name"))
+    differing = sum(1 for r in records if differing_marks(r) or r.get("duplicate_name"))
     return HostTable(
         columns=columns,
         rows=rows,
@@ -363,11 +380,30 @@ def _row(members: list[dict], columns: list[Column], culprits: set[str], marked:
         culprit=any(h in culprits for h in hosts),
         per_rank=per_rank,
         per_rank_more=more,
+        known=tuple(first.get("known_issues") or ()),
     )
+
+
+def known_issue_notes(report: dict) -> list[str]:
+    """One line per (known-issue entry, hosts whose versions it affects): the report's info-level
+    notes (`job.host_facts[].known_issues`), unescaped."""
+    hosts_of: dict[str, list[str]] = {}
+    notes: dict[str, dict] = {}
+    for record in report.get("job", {}).get("host_facts") or []:
+        for note in record.get("known_issues") or ():
+            hosts_of.setdefault(note["id"], []).append(record["host"])
+            notes.setdefault(note["id"], note)
+    return [f"{notes[i]['id']}: {notes[i]['title']} ({notes[i]['versions']}; fixed in {notes[i]['fixed_in']}) "
+            f"on {compact_hosts(hosts, 200)}" for i, hosts in sorted(hosts_of.items())]
 
 
 def cell_note(table: HostTable, row: Row, key: str) -> str:
     """Why a marked cell is marked, for its tooltip (unescaped)."""
+    known = row.known_for(key)
+    if known:
+        issues = "; ".join(f"{n['id']} ({n['title']}; fixed in {n['fixed_in']})" for n in known[:4])
+        more = f"; {len(known) - 4} more" if len(known) > 4 else ""
+        return f"known issue{'s' if len(known) > 1 else ''} of this version: {issues}{more}"
     if key == "addresses" and row.duplicate_name:
         return ("several machines use this host name: its processes report different addresses on one interface")
     notes = []

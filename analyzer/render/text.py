@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape as _escape_markup
 from rich.table import Table
 
-from analyzer.render.tables import VARIES, checkpoint_parts, compact_hosts, host_table, per_rank_text
+from analyzer.render.tables import VARIES, checkpoint_parts, compact_hosts, host_table, known_issue_notes, per_rank_text
 
 # Characters that steer a terminal or reorder what it shows: C0 controls but tab and newline (ESC
 # starts CSI/OSC sequences, CR overwrites the line), DEL, C1 controls (U+009B is a one-byte CSI),
@@ -81,14 +81,27 @@ def _inputs_table(inputs: list[dict], console: Console, all_inputs: bool) -> Non
 CELL_CHARS = 60  # of one value in the hosts table
 NAMES_CHARS = 300  # of a compact host list
 CHECKPOINTS_SHOWN = 20
+MAX_KNOWN_NOTES = 12
 
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _known_issues_notes(report: dict, console: Console) -> None:
+    """Info-level notes: versions with a known issue whose symptom the logs do not show."""
+    notes = known_issue_notes(report)
+    if notes:
+        console.print(f"\n[bold]Known issues of the versions in use[/bold] ({len(notes)}; `postmortem known-issues` lists them)")
+        for note in notes[:MAX_KNOWN_NOTES]:
+            console.print(f"  info: {escape(note)}")
+        if len(notes) > MAX_KNOWN_NOTES:
+            console.print(f"  ... {len(notes) - MAX_KNOWN_NOTES} more in the JSON report (job.host_facts[].known_issues)")
+
+
 def _hosts_table(report: dict, console: Console) -> None:
     """The hosts that differ, in the columns that differ, against what most hosts have."""
+    _known_issues_notes(report, console)
     table = host_table(report)
     if table is None or not table.marked:
         return
