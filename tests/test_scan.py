@@ -7,6 +7,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import click
 import polars as pl
 import pytest
 from click.testing import CliRunner
@@ -323,9 +324,14 @@ def test_a_worker_that_dies_costs_only_its_own_job(tmp_path):
     assert all(rows[str(g.path)]["status"] == STATUS_ANALYSED for g in good)
 
 
-def test_scan_and_fleet_are_in_the_readme():
+def test_scan_and_fleet_are_in_the_readme_with_every_option():
+    from analyzer.cli_scan import fleet_command, scan_command
+
     readme = (ROOT / "README.md").read_text()
-    assert "postmortem scan" in readme and "postmortem fleet" in readme
+    for command in (scan_command, fleet_command):
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `postmortem {command.name} "))
+        for option in (o for p in command.params if isinstance(p, click.Option) for o in p.opts if o.startswith("--")):
+            assert option in row, (command.name, option)
 
 
 def test_a_store_of_another_format_is_started_afresh_and_a_foreign_file_refused(tmp_path):
@@ -345,3 +351,23 @@ def test_a_store_of_another_format_is_started_afresh_and_a_foreign_file_refused(
     (tmp_path / "c.json").write_text('{"format": 1, "entries": {}}')
     with pytest.raises(ScanError, match="not a scan store"):
         Store(tmp_path / "c.json")
+
+
+def _chain(top: Path, levels: int) -> str:
+    """`levels` nested directories under `top`, made one at a time (os.makedirs itself recurses)."""
+    path = str(top)
+    for _ in range(levels):
+        path = os.path.join(path, "d")
+        os.mkdir(path)
+    return path
+
+
+def test_a_tree_deeper_than_the_cap_is_counted_not_a_crash(tmp_path):
+    deep = tmp_path / "night" / "job-1"
+    _touch(deep / "rank0.log")
+    (tmp_path / "night" / "deep").mkdir()
+    _touch(Path(_chain(tmp_path / "night" / "deep", 1500)) / "lost.log")  # past the interpreter's recursion limit
+    _touch(Path(_chain(deep, 1500)) / "x.log")  # inside a job: its fingerprint walks it
+    search = find_jobs([tmp_path / "night"])
+    assert search.paths() == [str(deep)] and search.too_deep == 1
+    assert fingerprint(str(deep)) != fingerprint(str(tmp_path / "night"))
