@@ -137,7 +137,7 @@ OBSERVATION_SCHEMA: dict[str, pl.DataType] = {
     "fact": pl.String,
     "value": pl.String,
     "prio": pl.Int64,  # lower wins among a single-valued fact's sources on one unit
-    "src": pl.String,  # "nccl_env": NCCL's "set by environment" lines; "c10d_env": ProcessGroupNCCL's; else ""
+    "src": pl.String,  # "nccl_env": NCCL's "set by environment" lines; "c10d_env": ProcessGroupNCCL's; "stack": a listing; else ""
 }
 _BASE = ["event_id", "file", "host", "rank", "pid"]
 
@@ -158,12 +158,16 @@ def observations(events: pl.DataFrame) -> pl.DataFrame:
     frames = [
         *_nccl_observations(nccl),
         *_text_observations(text),
-        _obs(stack, pl.col("code"), pl.col("detail"), _STACK_PRIO),
+        _obs(stack, pl.col("code"), pl.col("detail"), _STACK_PRIO, src="stack"),
     ]
     obs = pl.concat([f.select(list(OBSERVATION_SCHEMA)).cast(OBSERVATION_SCHEMA) for f in frames], how="vertical")
     obs = obs.filter(
         pl.col("host").is_not_null() & pl.col("fact").is_not_null() & pl.col("value").is_not_null() & (pl.col("value") != "")
     )
+    # A listing (collect_env, pip freeze) says what was installed; a line of the job's own logs says
+    # what ran: where a host has both for one fact, the listing's value is dropped.
+    listed = pl.col("src") == "stack"
+    obs = obs.filter(~listed | ((~listed).sum().over("host", "fact") == 0))
     return _memory_classes(obs)
 
 
