@@ -1399,7 +1399,10 @@ def _walk(location: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
             if entry.is_dir(follow_symlinks=False):
                 dirs.append(entry.name)
             elif entry.is_symlink():
-                target = Path(entry.path).resolve()
+                try:
+                    target = Path(entry.path).resolve()
+                except (OSError, RuntimeError):  # Python < 3.13 raises RuntimeError for a symlink loop
+                    continue
                 if target.is_file() and target.is_relative_to(real_root):
                     files.append(entry.name)
             elif entry.is_file(follow_symlinks=False):
