@@ -172,3 +172,20 @@ def test_host_facts_carry_the_note_and_json_names_it(tmp_path):
     assert {"nccl-2.18-shm-create-failure-crash"} <= {n["id"] for n in notes}
     assert all(n["severity"] == "info" and n["facts"] == ["nccl_version"] for n in notes)
     json.dumps(report)
+
+
+def test_known_issues_command(tmp_path):
+    from click.testing import CliRunner
+
+    from analyzer.cli import main
+
+    runner = CliRunner()
+    listed = runner.invoke(main, ["known-issues", "--nccl", "2.18.1", "--torch", "2.3.0"])
+    assert listed.exit_code == 1, listed.output
+    assert "nccl-2.18-shm-create-failure-crash" in listed.output and "fixed in 2.18.3" in listed.output
+    as_json = runner.invoke(main, ["known-issues", "--nccl", "2.18.1", "--format", "json"])
+    assert {"nccl-2.18-shm-create-failure-crash"} <= {row["id"] for row in json.loads(as_json.output)["known_issues"]}
+    assert runner.invoke(main, ["known-issues", "--nccl", "2.30.7"]).exit_code == 0
+    assert runner.invoke(main, ["known-issues"]).exit_code == 2
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "postmortem known-issues" in readme
