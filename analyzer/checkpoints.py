@@ -41,6 +41,8 @@ from typing import Any, BinaryIO
 import polars as pl
 
 from analyzer.bounds import MAX_WORLD_SIZE, bounded_str, int64, rank_number
+from analyzer.parse.budget import BudgetExceeded
+from analyzer.safepickle import CorruptPickleError, load_bounded
 
 from analyzer.exits import INPUT_ERRORS
 
@@ -281,17 +283,16 @@ def read_pickle_symbolically(source: bytes | BinaryIO, limit: int = MAX_PICKLE_B
         stream = _CappedReader(source, limit)
     unpickler = _SymbolicUnpickler(stream)
     try:
-        obj = unpickler.load()
-    except EOFError:
-        return _Pickled(None, tuple(unpickler.globals), unpickler.refs, "unexpected EOF: the pickle ends before its STOP opcode")
-    except RecursionError:
-        return _Pickled(None, tuple(unpickler.globals), unpickler.refs, "pickle nests too deeply")
-    except MemoryError:
-        return _Pickled(None, tuple(unpickler.globals), unpickler.refs, "pickle needs more memory than is available")
-    except Exception as exc:  # noqa: BLE001 - any opcode-level failure means a malformed stream
+        obj = load_bounded(unpickler)  # safepickle's loading path: the same memory budget and failures
+    except (CorruptPickleError, BudgetExceeded) as exc:
         text = str(exc)
-        what = "unexpected EOF" if "truncated" in text or "ran out of input" in text.lower() else "corrupt pickle"
-        return _Pickled(None, tuple(unpickler.globals), unpickler.refs, f"{what}: {type(exc).__name__}: {text}"[:300])
+        if isinstance(exc, BudgetExceeded):
+            error = f"pickle {text}"
+        elif "truncated" in text or "ran out of input" in text.lower():
+            error = f"unexpected EOF: {text}"
+        else:
+            error = text
+        return _Pickled(None, tuple(unpickler.globals), unpickler.refs, error[:300])
     return _Pickled(obj, tuple(unpickler.globals), unpickler.refs)
 
 

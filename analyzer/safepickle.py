@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import io
 import pickle
+from typing import BinaryIO
 
 DEFAULT_MAX_BYTES = 1 << 30
 _READ_BUFFER = 1 << 20  # larger than any real FR dump (2,000 entries with frames is ~2 MB)
@@ -48,31 +49,47 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise UnsafePickleError(f"refused persistent id {pid!r}: only plain containers and scalars are allowed")
 
 
-def load_untrusted_pickle(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> object:
-    """Unpickle `data` admitting only plain containers and scalars.
+def load_untrusted_pickle(data: bytes | BinaryIO, *, max_bytes: int = DEFAULT_MAX_BYTES) -> object:
+    """Unpickle `data` (bytes, or a binary stream read up to STOP) admitting only plain containers and scalars.
 
-    Raises UnsafePickleError when the pickle references any global (nothing is executed) and
-    CorruptPickleError when it is truncated, malformed or larger than `max_bytes`.
+    Raises UnsafePickleError when the pickle references any global (nothing is executed),
+    CorruptPickleError when it is truncated, malformed or larger than `max_bytes`, and
+    BudgetExceeded when building it needs more than the parse budget's memory.
     """
-    if len(data) > max_bytes:
-        raise CorruptPickleError(f"pickle is {len(data)} bytes, more than the {max_bytes}-byte limit")
-    if not data:
-        raise CorruptPickleError("empty input: not a pickle")
+    if isinstance(data, bytes | bytearray):
+        if len(data) > max_bytes:
+            raise CorruptPickleError(f"pickle is {len(data)} bytes, more than the {max_bytes}-byte limit")
+        if not data:
+            raise CorruptPickleError("empty input: not a pickle")
+        # Through a BufferedReader: the C unpickler reads a file object that has `peek` in large
+        # chunks, but calls a bare BytesIO's read() for every opcode (2-3x slower on FR dumps).
+        data = io.BufferedReader(io.BytesIO(data), buffer_size=_READ_BUFFER)
+    return load_bounded(_RestrictedUnpickler(data))
+
+
+def load_bounded(unpickler: pickle.Unpickler) -> object:
+    """`unpickler.load()` under the parse memory budget, every failure of the stream a CorruptPickleError.
+
+    The one loading path for untrusted pickles (Flight Recorder dumps, memory snapshots, and the
+    checkpoint audit's symbolic unpickler). The C unpickler sizes its memo by the largest index a
+    PUT names (a 9-byte pickle with `LONG_BINPUT 2**28` asks for 4 GB) and builds one object per
+    opcode byte (a 64 MB pickle of empty dicts is 4 GB): the address-space budget turns both into
+    a refused allocation, BudgetExceeded, instead of memory the machine does not have.
+    """
+    from analyzer.parse.budget import address_space
+
     collecting = gc.isenabled()
     # A dump is tens of thousands of fresh dicts and lists: with the collector on, every few hundred
     # allocations trigger a pass over them (about a third of the load time). They are collected as
     # usual once it is back on.
     gc.disable()
     try:
-        # Through a BufferedReader: the C unpickler reads a file object that has `peek` in large
-        # chunks, but calls a bare BytesIO's read() for every opcode (2-3x slower on FR dumps).
-        return _RestrictedUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=_READ_BUFFER)).load()
+        with address_space():
+            return unpickler.load()
     except UnsafePickleError:
         raise
     except RecursionError as exc:
         raise CorruptPickleError("pickle nests too deeply to load") from exc
-    except MemoryError as exc:
-        raise CorruptPickleError("pickle needs more memory than is available") from exc
     except EOFError as exc:
         raise CorruptPickleError("truncated pickle: data ends before the STOP opcode") from exc
     except pickle.UnpicklingError as exc:
@@ -81,6 +98,10 @@ def load_untrusted_pickle(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
             raise CorruptPickleError(f"truncated pickle: {text}") from exc
         raise CorruptPickleError(f"corrupt pickle: {text}") from exc
     except Exception as exc:  # noqa: BLE001 - any opcode-level failure means a malformed stream
+        from analyzer.parse.budget import BudgetExceeded
+
+        if isinstance(exc, BudgetExceeded):
+            raise
         # e.g. BUILD on a dict, a bad memo key, an unhashable dict key: all mean "not a valid dump".
         raise CorruptPickleError(f"corrupt pickle: {type(exc).__name__}: {exc}") from exc
     finally:

@@ -13,6 +13,7 @@ import polars as pl
 from analyzer.discover import InputFile
 from analyzer.events import concat_events, empty_events
 from analyzer.exits import INPUT_ERRORS
+from analyzer.parse.budget import parse_within_budget
 
 
 def _parse_error_json(item: InputFile) -> pl.DataFrame:
@@ -130,7 +131,7 @@ def parse_input(item: InputFile) -> pl.DataFrame:
         item.skip(UNREAD_FORMATS.get(item.format, f"format {item.format!r} is not read"))
         return empty_events()
     try:
-        events = parser(item)
+        events = parse_within_budget(item, parser)  # over its time or memory budget: skipped, with the reason
     except INPUT_ERRORS as exc:  # a bad file must never abort the job
         item.skip(f"could not parse: {type(exc).__name__}: {exc}"[:500], status="error")
         return empty_events()

@@ -28,9 +28,10 @@ import polars as pl
 from analyzer.bounds import INT64_MAX, INT64_MIN, MAX_WORLD_SIZE, bounded_str, int64, rank_number
 from analyzer.discover import DecompressionLimit, InputFile
 from analyzer.events import EVENT_SCHEMA, UTC_TS, empty_events
+from analyzer.parse.budget import address_space
 from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
 
-MAX_DUMP_BYTES = 1 << 30
+MAX_DUMP_BYTES = 256 << 20  # real dumps are a few MB; building one must also fit the parse budget
 INLINE_MEMBERS = 256
 
 # profiling_name (after "backend:") -> WorkNCCL OpType spelling (opTypeToString), so FR entries and
@@ -93,6 +94,8 @@ def parse_flight_recorder(item: InputFile, doc: object | None = None) -> tuple[p
     rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path)
     info: dict[str, Any] = {"status": "error", "reason": "", "rank": rank, "ranks": [], "entries": 0}
     try:
+        if item.size > MAX_DUMP_BYTES:  # refused before reading: a sparse file of holes costs nothing
+            raise FlightRecorderError(f"dump is {item.size} bytes, more than the {MAX_DUMP_BYTES}-byte limit")
         if doc is None:
             doc = decode_dump(item.read_all(MAX_DUMP_BYTES), item.format)
     except UnsafePickleError as exc:
@@ -138,15 +141,16 @@ def decode_dump(data: bytes, fmt: str = "") -> object:
     if fmt == "pickle" or data[:1] == b"\x80":
         return load_untrusted_pickle(data, max_bytes=MAX_DUMP_BYTES)
     text = data.decode("utf-8", errors="replace")
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    repaired = _TUPLE_VALUE.sub(r"\1[\2]", text)
-    try:
-        return json.loads(repaired)
-    except ValueError as exc:
-        raise FlightRecorderError(f"neither a pickle nor valid JSON: {exc}") from exc
+    with address_space():  # `[[],[],...]` is 56 bytes of objects per 2 bytes of JSON
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+        repaired = _TUPLE_VALUE.sub(r"\1[\2]", text)
+        try:
+            return json.loads(repaired)
+        except ValueError as exc:
+            raise FlightRecorderError(f"neither a pickle nor valid JSON: {exc}") from exc
 
 
 def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple[pl.DataFrame, dict]:

@@ -16,6 +16,7 @@ action of the trace becomes a `memory.oom` event with the request and what the d
 
 from __future__ import annotations
 
+import io
 import json
 import zlib
 from collections.abc import Mapping
@@ -23,11 +24,12 @@ from typing import Any
 
 import polars as pl
 
+from analyzer.bounds import bounded_str, cap_text, int64
 from analyzer.discover import DecompressionLimit, InputFile
 from analyzer.events import empty_events, events_from_records
 from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
 
-MAX_SNAPSHOT_BYTES = 2 << 30
+MAX_SNAPSHOT_BYTES = 512 << 20  # and building it must fit the parse budget (analyzer.parse.budget)
 MAX_OOM_EVENTS = 10
 _LIVE_STATES = ("active_allocated", "active_pending_free")
 
@@ -37,8 +39,12 @@ def is_memory_snapshot(doc: object) -> bool:
 
 
 def load_pickle(item: InputFile) -> object:
-    """The document of a pickle input, through the restricted unpickler."""
-    return load_untrusted_pickle(item.read_all(MAX_SNAPSHOT_BYTES), max_bytes=MAX_SNAPSHOT_BYTES)
+    """The document of a pickle input, through the restricted unpickler, streamed from the file (a
+    sparse file of 2 GB of holes is never read into memory: the budget stops the load first)."""
+    if item.size > MAX_SNAPSHOT_BYTES:
+        raise CorruptPickleError(f"pickle is {item.size} bytes, more than the {MAX_SNAPSHOT_BYTES}-byte limit")
+    with item.open_bytes() as fh:
+        return load_untrusted_pickle(io.BufferedReader(fh, buffer_size=1 << 20) if not hasattr(fh, "peek") else fh)
 
 
 def memory_snapshot_events(item: InputFile) -> pl.DataFrame | None:
@@ -63,7 +69,15 @@ def _size(n: float | None) -> str:
 
 
 def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+    """A byte count or device number; anything else (past int64, a list, NaN) counts as 0."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 2**63 else 0
+    return (int64(value) or 0) if isinstance(value, int) else 0
+
+
+def _name(value: Any) -> str:
+    """An action or state name: a string (bounded), anything else rendered within a budget."""
+    return cap_text(value, 256) if isinstance(value, str) else bounded_str(value, 256)
 
 
 def segments_frame(doc: Mapping) -> pl.DataFrame:
@@ -81,9 +95,9 @@ def segments_frame(doc: Mapping) -> pl.DataFrame:
             {
                 "device": _int(seg.get("device")),
                 "total": total,
-                "allocated": allocated,
-                "free": max(total - allocated, 0),
-                "largest_free": max(free, default=max(total - allocated, 0) if not blocks else 0),
+                "allocated": _int(allocated),  # a sum of int64 sizes may pass int64: then it is no figure
+                "free": _int(max(total - allocated, 0)),
+                "largest_free": _int(max(free, default=max(total - allocated, 0) if not blocks else 0)),
                 "expandable": bool(seg.get("is_expandable")),
             }
         )
@@ -98,7 +112,7 @@ def actions_frame(doc: Mapping) -> pl.DataFrame:
         for entry in trace or []:
             if isinstance(entry, Mapping):
                 devices.append(device)
-                actions.append(str(entry.get("action")))
+                actions.append(_name(entry.get("action")))
                 sizes.append(_int(entry.get("size")))
                 free.append(_int(entry.get("device_free")) if "device_free" in entry else None)
     return pl.DataFrame(
