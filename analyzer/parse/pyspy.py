@@ -181,7 +181,8 @@ def _json_documents(text: str) -> Iterator[object]:
 def _json_row(thread: Mapping, dump_index: int, index: int) -> dict[str, Any]:
     active, gil = bool(thread.get("active")), bool(thread.get("owns_gil"))
     frames = []
-    for frame in (thread.get("frames") or [])[:MAX_FRAMES]:
+    listed = thread.get("frames")
+    for frame in (listed if isinstance(listed, list) else [])[:MAX_FRAMES]:  # a malformed dump: no frames
         if isinstance(frame, Mapping):
             frames.append(_json_frame(frame))
     os_tid = thread.get("os_thread_id")
