@@ -168,3 +168,57 @@ def test_a_gpu_without_nvlink_is_not_a_fault():
 def test_a_console_log_printing_nvidia_smi_L_is_not_read_as_a_block():
     console = "GPU 0: NVIDIA H200 (UUID: GPU-1)\n" + "step 1 loss 2.0\n" * 5000 + "Link 3: <inactive>\n"
     assert events_of(console).height == 0
+
+
+READOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "nccl-tests" / "readouts"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("ethtool-eth15-100mbps.txt", "eth15: speed 100Mb/s, duplex Full, link detected yes"),
+    ("ethtool-enp5s0-10g.txt", "enp5s0: speed 10000Mb/s, duplex Full, link detected yes"),
+])
+def test_ethtool_one_event_per_interface(name, message):
+    found = events_of("step 1 loss 2.0\n", (READOUTS / name).read_text())
+    assert found.select("file", "line", "kind", "message").rows() == [("f1.txt", 11, "node.eth_speed", message)]  # the Speed line
+
+
+def test_ibv_devinfo_ports_read_like_ibstat():
+    found = events_of((READOUTS / "ibv_devinfo-port-down.txt").read_text())
+    assert rows(found) == [("f0.txt", 12, "node.ib_port", "mlx5_12 port 1: state Down, physical state ?, rate ?, Ethernet", "mlx5_12:1")]
+    assert found.get_column("severity").to_list() == ["warning"]
+
+
+def test_ibv_devinfo_verbose_rate_is_width_times_lane_speed():
+    text = (READOUTS / "ibv_devinfo-port-down.txt").read_text().replace("PORT_DOWN (1)", "PORT_ACTIVE (4)").replace(
+        "                        link_layer:             Ethernet",
+        "                        phys_state:             LINK_UP (5)\n                        active_width:           4X (2)\n"
+        "                        active_speed:           25.0 Gbps (32)\n                        link_layer:             Ethernet")
+    found = events_of(text)
+    assert found.get_column("message").to_list() == ["mlx5_12 port 1: state Active, physical state LinkUp, rate 100, Ethernet"]
+    assert found.get_column("severity").to_list() == ["info"]
+
+
+def test_topo_nearest_nic_per_gpu_and_cross_numa_warning():
+    found = events_of("epoch 1\n", (READOUTS / "topo-a100-nics-across-numa.txt").read_text())
+    assert found.select("line", "detail", "severity").rows() == [
+        (2, "GPU0", "warning"), (3, "GPU1", "info"), (4, "GPU2", "info"), (5, "GPU3", "warning"),
+    ]
+    assert found.get_column("message")[0] == "GPU0: nearest NIC mlx5_0 via SYS (every NIC across NUMA nodes); paths: mlx5_0 SYS, mlx5_1 SYS"
+    assert found.get_column("message")[1].startswith("GPU1: nearest NIC mlx5_0 via PIX")
+
+
+def test_topo_with_nic_legend_and_ansi_header():
+    text = ("\t\x1b[4mGPU0\tGPU1\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+            "GPU0\t X \tNV18\tPIX\tSYS\t0-55\t0\t\tN/A\nGPU1\tNV18\t X \tSYS\tPIX\t0-55\t0\t\tN/A\n"
+            "NIC0\tPIX\tSYS\t X \tSYS\nNIC1\tSYS\tPIX\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n")
+    found = events_of(text)
+    assert found.get_column("message").to_list() == [
+        "GPU0: nearest NIC NIC0(mlx5_0) via PIX; paths: NIC0(mlx5_0) PIX, NIC1(mlx5_1) SYS",
+        "GPU1: nearest NIC NIC1(mlx5_1) via PIX; paths: NIC1(mlx5_1) PIX, NIC0(mlx5_0) SYS",
+    ]
+
+
+def test_topo_without_nic_columns_gives_no_event():
+    shared = Path(__file__).resolve().parent.parent.parent / "shared" / "formats-samples" / "system" / "nvidia-smi_topo_nvlink_dmesg.txt"
+    text = shared.read_text() if shared.exists() else "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tNV18\t0-31\t0\nGPU1\tNV18\t X \t0-31\t0\n"
+    assert events_of(text).filter(pl.col("kind") == "node.topology").height == 0

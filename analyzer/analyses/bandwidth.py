@@ -26,6 +26,7 @@ is not judged. Failure lines are not this analysis': the parser emits them as `n
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from functools import cache
@@ -40,7 +41,8 @@ from analyzer.resources import data_dir
 MAX_EVIDENCE = 12
 _IB_DEVICE = r"\[\d+\]\s*[\w.\-]+:\d+/(?:IB|RoCE)"
 _PORT_RATE = r"state Active, physical state (?:LinkUp|\?), rate ([\d.]+)"
-_ETH_SPEED = r"speed (\d+)\s*Mb/s"
+_ETH_SPEED = r"^(\S+): speed (\d+)\s*Mb/s"
+_SOCKET_IFACE = r"NET/Socket ?: ?Using \[\d+\]([\w.\-]+):"
 
 
 @cache
@@ -119,14 +121,27 @@ def _run_transport(events: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def _link_speeds(events: pl.DataFrame) -> tuple[dict, dict]:
-    """Per host: the slowest active HCA port rate (Gb/s) and the slowest NIC speed (Mb/s) read out."""
+    """Per host: its fastest active HCA port rate (Gb/s), and the speed (Mb/s) of the interface NCCL's
+    sockets use (`NET/Socket : Using [0]eth0:...`), else of its fastest interface: a host's spare
+    slow port is not the job's link."""
     ports = events.filter(pl.col("kind") == "node.ib_port").select(
         "host", pl.col("message").str.extract(_PORT_RATE, 1).cast(pl.Float64, strict=False).alias("gbps")
-    ).drop_nulls("gbps").group_by("host").agg(pl.col("gbps").min())
+    ).drop_nulls("gbps").group_by("host").agg(pl.col("gbps").max())
+    used = events.filter(pl.col("kind").str.starts_with("nccl.")).select(
+        "host", pl.col("message").str.extract(_SOCKET_IFACE, 1).alias("iface")).drop_nulls().unique()
     eth = events.filter(pl.col("kind") == "node.eth_speed").select(
-        "host", pl.col("message").str.extract(_ETH_SPEED, 1).cast(pl.Float64, strict=False).alias("mbps")
-    ).drop_nulls("mbps").group_by("host").agg(pl.col("mbps").min())
-    return dict(ports.iter_rows()), dict(eth.iter_rows())
+        "host", pl.col("message").str.extract(_ETH_SPEED, 1).alias("iface"),
+        pl.col("message").str.extract(_ETH_SPEED, 2).cast(pl.Float64, strict=False).alias("mbps"),
+    ).drop_nulls("mbps")
+    chosen = eth.join(used.with_columns(pl.lit(True).alias("_used")), on=["host", "iface"], how="left")
+    chosen = chosen.filter(pl.col("_used").fill_null(False).any().over("host").not_() | pl.col("_used").fill_null(False))
+    return dict(ports.iter_rows()), dict(chosen.group_by("host").agg(pl.col("mbps").max()).iter_rows())
+
+
+def _cross_numa(events: pl.DataFrame) -> dict[str, list[str]]:
+    """Per host: the GPUs `nvidia-smi topo -m` shows reaching every NIC only through SYS."""
+    rows = events.filter((pl.col("kind") == "node.topology") & (pl.col("severity") == "warning"))
+    return {h: sorted(g) for h, g in rows.group_by("host").agg(pl.col("detail").unique()).iter_rows() if h}
 
 
 def _peaks(results: pl.DataFrame, large: int) -> pl.DataFrame:
@@ -142,21 +157,43 @@ def _peaks(results: pl.DataFrame, large: int) -> pl.DataFrame:
     )
 
 
+def judged_runs(events: pl.DataFrame) -> pl.DataFrame:
+    """One row per nccl-tests run: transport, peaks, and the expectation (`expected`, `basis`, the
+    hosts' link figures `links`) the evidence gives; the report's curve draws the same line."""
+    runs = runs_frame(events)
+    if runs.height == 0:
+        return runs
+    table = expectations()
+    runs = _run_transport(events, runs).join(_peaks(results_frame(events), table["large_message_bytes"]), on="run", how="left")
+    runs = runs.with_columns(pl.col("gpus").list.first().alias("gpu"), pl.col("nranks").fill_null(0))
+    ports, eth = _link_speeds(events)
+    expected, basis, links = [], [], []
+    for run in runs.iter_rows(named=True):
+        hosts = _hosts_of(run)
+        known = {h: ports[h] for h in hosts if h in ports} if run["transport"] == "net-ib" else {h: eth[h] for h in hosts if h in eth}
+        best = max(known.values()) if known else None
+        figure, words = expected_busbw(
+            run["transport"], run["gpu"], nvls=run["nvls"] and run["transport"] == "p2p",
+            ib_gbps=best, ib_nics=max(int(run["ib_nics"] or 0), 1), eth_mbps=best,
+        )
+        expected.append(figure)
+        basis.append(words)
+        links.append(json.dumps(known))
+    return runs.with_columns(pl.Series("expected", expected, dtype=pl.Float64), pl.Series("basis", basis, dtype=pl.String),
+                             pl.Series("links", links, dtype=pl.String))
+
+
 @register("nccl_tests_bandwidth")
 def nccl_tests_bandwidth(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    results = results_frame(events)
-    runs = runs_frame(events)
+    runs = judged_runs(events)
     if runs.height == 0:
         return findings_frame([])
     table = expectations()
-    runs = _run_transport(events, runs).join(_peaks(results, table["large_message_bytes"]), on="run", how="left")
-    runs = runs.with_columns(pl.col("gpus").list.first().alias("gpu"), pl.col("nranks").fill_null(0))
-    ports, eth = _link_speeds(events)
     rows: list[dict] = []
     rows.extend(_wrong_results(events, runs))
     # One rank has no bus (busbw 0 by definition); a run without large messages measured latency.
     judged = runs.filter((pl.col("nranks") != 1) & pl.col("peak").is_not_null() & (pl.col("peak") > 0))
-    rows.extend(_below_expected(judged, ports, eth, table["far_below"]))
+    rows.extend(_below_expected(judged, table["far_below"], _cross_numa(events)))
     rows.extend(_slower_than_peers(judged, table["peer_fraction"]))
     rows.extend(_collapses(judged, table["collapse_fraction"]))
     return findings_frame(rows)
@@ -173,25 +210,28 @@ def _label(run: dict) -> str:
     return f"{test} ({run['file']}{where})"
 
 
-def _below_expected(runs: pl.DataFrame, ports: dict, eth: dict, far_below: float) -> list[dict]:
+def _below_expected(runs: pl.DataFrame, far_below: float, cross_numa: dict) -> list[dict]:
+    """The expectation of a network run is its hosts' best link: a host whose link is a fraction of
+    the others' (a NIC that negotiated 100 Mb/s, a port trained down) is the one named."""
     rows = []
     for run in runs.iter_rows(named=True):
         hosts = _hosts_of(run)
-        ib_rates = [ports[h] for h in hosts if h in ports]
-        eth_speeds = [eth[h] for h in hosts if h in eth]
-        expected, basis = expected_busbw(
-            run["transport"], run["gpu"], nvls=run["nvls"] and run["transport"] == "p2p",
-            ib_gbps=min(ib_rates) if ib_rates else None, ib_nics=max(int(run["ib_nics"] or 0), 1),
-            eth_mbps=min(eth_speeds) if eth_speeds else None,
-        )
+        expected, basis, links = run["expected"], run["basis"], json.loads(run["links"])
         if expected is None or run["peak"] >= far_below * expected:
             continue
+        best = max(links.values()) if links else None
+        slow_links = {h: v for h, v in links.items() if v < far_below * best}
+        named = sorted(slow_links) or hosts
+        unit = "Gb/s" if run["transport"] == "net-ib" else "Mb/s"
+        why = "".join(f"; {h}'s link runs at {v:g} {unit} (best {best:g})" for h, v in sorted(slow_links.items()))
+        why += "".join(f"; on {h} GPU(s) {', '.join(g)} reach every NIC only through SYS (across NUMA nodes)"
+                       for h, g in sorted(cross_numa.items()) if h in named and run["transport"] == "net-ib")
         ib = run["transport"] == "net-ib"
         rows.append(finding(
             "nccltests-busbw-below-expected-ib" if ib else "nccltests-busbw-below-expected",
-            hosts=hosts, confidence=0.75 if ib_rates or eth_speeds or not ib else 0.6,
+            hosts=named, confidence=0.8 if slow_links else (0.75 if links or not ib else 0.6),
             summary=(f"{_label(run)}: best large-message busbw {run['peak']:g} GB/s, "
-                     f"{run['peak'] / expected:.0%} of the {expected:g} GB/s expected for {basis}"),
+                     f"{run['peak'] / expected:.0%} of the {expected:g} GB/s expected for {basis}{why}"),
             evidence=[run["event_id"], *(run["large_events"] or [])][:MAX_EVIDENCE],
         ))
     return rows

@@ -149,7 +149,9 @@ def _number(index: pl.Expr) -> pl.Expr:
 
 def _results(frame: pl.DataFrame) -> pl.DataFrame:
     """One event per result row; the figures travel in `detail` as JSON."""
-    rows = frame.filter(pl.col("_row")).with_columns(pl.col("body").str.extract_all(r"\S+").alias("_tok"))
+    # `mpirun --tag-output` tags each partial print: `-1[0]    1626.5 ...[0]    2302.3` (tags dropped).
+    tokens = pl.col("body").str.replace_all(r"\[\d+\]", " ").str.extract_all(r"\S+")
+    rows = frame.filter(pl.col("_row")).with_columns(tokens.alias("_tok"))
     if rows.height == 0:
         return rows
     n = pl.col("_tok").list.len()

@@ -14,7 +14,14 @@ become events:
   after uncorrectable errors;
 * `node.ib_port`: one event per HCA port (state, physical state, rate, link layer), whatever its
   state: whether a down port matters depends on what NCCL used, which the analysis decides;
-* `node.nvlink`: a GPU's links that are `<inactive>` while links of the same dump are up.
+* `node.nvlink`: a GPU's links that are `<inactive>` while links of the same dump are up;
+* `node.ib_port` from `ibv_devinfo` too (`hca_id:` / `port:` blocks, `PORT_ACTIVE (4)`, with `-v`
+  the rate as `active_width` x `active_speed`);
+* `node.eth_speed`: one event per `ethtool` interface (speed, duplex, link detected), whatever
+  its speed: whether it is slow depends on what the job needed, which the analysis decides;
+* `node.topology`: one event per GPU row of `nvidia-smi topo -m` that has NIC columns, its path
+  to each NIC and the nearest one (a GPU that reaches every NIC only through `SYS` crosses NUMA
+  nodes for all its network traffic: a warning).
 
 The GPU or port a line belongs to goes into `detail`; the host comes from correlate (the file's
 host), since these tools print no host name.
@@ -27,7 +34,7 @@ import polars as pl
 from analyzer.events import conform, empty_events
 
 # A line cannot belong to a block of interest without one of these (cheap prefilter per batch).
-NODE_STATE_LITERALS = ("NVSMI LOG", "CA '", "Infiniband device '", "ecc.errors.uncorrected")
+NODE_STATE_LITERALS = ("NVSMI LOG", "CA '", "Infiniband device '", "ecc.errors.uncorrected", "hca_id:", "Settings for ", "CPU Affinity")
 _GPU_START = r"^GPU (?:\d+: .+\(UUID|[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:)"  # nvlink -s, nvidia-smi -q per GPU
 NODE_STATE_START_LITERALS = (*NODE_STATE_LITERALS, "GPU 0000", "(UUID: GPU-")
 _BLOCK_LINES = 4096
@@ -39,6 +46,10 @@ _IBSTATUS_HEADER = r"^Infiniband device '([^']+)' port (\d+) status:\s*$"
 _PORT_HEADER = r"^Port (\d+):\s*$"
 _KEY_VALUE = r"^([A-Za-z][\w /().\-]*?)\s*:\s*(.*?)\s*$"
 _NVLINK = r"^Link (\d+): (.+?)\s*$"
+_ETHTOOL_HEADER = r"^Settings for (\S+):\s*$"
+_ANSI = r"\x1b\[[0-9;]*m"
+_TOPO_DEVICE = r"^(?:GPU|NIC)\d+$|^[a-z][a-z0-9]*_\d+$"  # GPU0, NIC3, mlx5_0 (older drivers name the NIC)
+_TOPO_LEGEND = r"^(NIC\d+):\s+(\S+)\s*$"
 _LEVEL_WIDTH = 4  # nvidia-smi indents 4 spaces per level; ibstat one TAB (expanded to 4 here)
 
 
@@ -64,7 +75,7 @@ def node_state_events(lines: pl.DataFrame, candidates: str | None = None) -> pl.
     if in_blocks.height == 0:
         return empty_events()
     frame = _structured(in_blocks)
-    parts = [_ecc(frame), _ecc_query(frame), _row_remap(frame), _ib_ports(frame), _nvlink(frame)]
+    parts = [_ecc(frame), _ecc_query(frame), _row_remap(frame), _ib_ports(frame), _nvlink(frame), _eth(frame), _topology(in_blocks)]
     parts = [p for p in parts if p.height]
     if not parts:
         return empty_events()
@@ -95,12 +106,19 @@ def _structured(lines: pl.DataFrame) -> pl.DataFrame:
     )
     # A section header is a non-empty line without a value: `ECC Errors`, `    Volatile`, `Port 1:`.
     is_header = (pl.col("body").str.len_chars() > 0) & (pl.col("value").is_null() | (pl.col("value") == ""))
-    unit = pl.col("_gpu").is_not_null() | pl.col("_ca").is_not_null()
+    # `ibv_devinfo` names its HCA and port as key/value lines: `hca_id: mlx5_0`, `port: 1`.
+    frame = frame.with_columns(
+        pl.coalesce("_ca", pl.when(pl.col("key") == "hca_id").then(pl.col("value"))).alias("_ca"),
+        pl.coalesce("_port", pl.when(pl.col("key") == "port").then(pl.col("value"))).alias("_port"),
+        pl.col("body").str.extract(_ETHTOOL_HEADER, 1).alias("_iface"),
+    )
+    unit = pl.col("_gpu").is_not_null() | pl.col("_ca").is_not_null() | pl.col("_iface").is_not_null()
     frame = frame.with_columns(is_header.alias("_hdr"), unit.cum_sum().over("file").alias("_unit"))
     frame = frame.with_columns(
         pl.col("_gpu").forward_fill().over("file", "_unit").alias("gpu"),
         pl.col("_ca").forward_fill().over("file", "_unit").alias("ca"),
         pl.col("_port").forward_fill().over("file", "_unit").alias("port"),
+        pl.col("_iface").forward_fill().over("file", "_unit").alias("iface"),
     )
     scope = ["file", "_unit"]
     for level in (1, 2, 3):
@@ -201,12 +219,21 @@ def _ib_ports(frame: pl.DataFrame) -> pl.DataFrame:
     key = pl.col("key").str.to_lowercase()
     field = (
         pl.when(key == "state").then(pl.lit("state"))
-        .when(key.is_in(["physical state", "phys state"])).then(pl.lit("physical"))
+        .when(key.is_in(["physical state", "phys state", "phys_state"])).then(pl.lit("physical"))
         .when(key == "rate").then(pl.lit("rate"))
+        .when(key == "active_width").then(pl.lit("width"))
+        .when(key == "active_speed").then(pl.lit("speed"))
         .when(key.is_in(["link layer", "link_layer"])).then(pl.lit("layer"))
     )
     # ibstatus prints `4: ACTIVE`, `5: LinkUp`, `200 Gb/sec (4X HDR)`: keep the word and the number.
-    value = pl.col("value").str.replace(r"^\d+:\s*", "").str.replace(r"^(\d+(?:\.\d+)?) Gb/sec.*$", "$1")
+    # ibv_devinfo: `PORT_ACTIVE (4)`, `LINK_UP (5)`, `4X (2)`, `25.0 Gbps (32)`.
+    value = (
+        pl.col("value").str.replace(r"^\d+:\s*", "").str.replace(r"^(\d+(?:\.\d+)?) Gb/sec.*$", "$1")
+        .str.replace(r"\s*\(\d+\)$", "")
+        .str.replace(r"^(\d+)X$", "$1").str.replace(r"^(\d+(?:\.\d+)?) Gbps$", "$1")
+    )
+    value = pl.when(value == "PORT_ACTIVE").then(pl.lit("Active")).when(value.str.starts_with("PORT_")).then(
+        value.str.strip_prefix("PORT_").str.to_titlecase()).when(value == "LINK_UP").then(pl.lit("LinkUp")).otherwise(value)
     fields = rows.with_columns(field.alias("field"), value.alias("v")).filter(pl.col("field").is_not_null())
     if fields.height == 0:
         return fields
@@ -217,7 +244,10 @@ def _ib_ports(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("v").filter(pl.col("field") == "physical").first().alias("physical"),
         pl.col("v").filter(pl.col("field") == "rate").first().alias("rate"),
         pl.col("v").filter(pl.col("field") == "layer").first().alias("layer"),
+        pl.col("v").filter(pl.col("field") == "width").first().cast(pl.Float64, strict=False).alias("_width"),
+        pl.col("v").filter(pl.col("field") == "speed").first().cast(pl.Float64, strict=False).alias("_lane"),
     )
+    ports = ports.with_columns(pl.coalesce("rate", (pl.col("_width") * pl.col("_lane")).round(1).cast(pl.String).str.strip_suffix(".0")).alias("rate"))
     state_word = pl.col("state").str.to_lowercase()
     physical_word = pl.col("physical").str.to_lowercase()
     healthy = (state_word == "active") & (physical_word.is_null() | (physical_word == "linkup"))
@@ -232,7 +262,7 @@ def _ib_ports(frame: pl.DataFrame) -> pl.DataFrame:
         pl.when(healthy).then(pl.lit("info")).otherwise(pl.lit("warning")).alias("severity"),
         message.alias("message"),
         pl.concat_str(pl.col("ca"), pl.lit(":"), pl.col("port")).alias("detail"),
-    ).drop("ca", "port", "state", "physical", "rate", "layer")
+    ).drop("ca", "port", "state", "physical", "rate", "layer", "_width", "_lane")
 
 
 def _nvlink(frame: pl.DataFrame) -> pl.DataFrame:
@@ -253,3 +283,64 @@ def _nvlink(frame: pl.DataFrame) -> pl.DataFrame:
     )
     what = pl.concat_str(pl.lit("NVLink inactive: link(s) "), pl.col("links"), pl.lit(" down while the other links are up"))
     return per_gpu.with_columns(*_event("node.nvlink", "error", _on_gpu(what), pl.col("gpu"))).drop("links", "n")
+
+
+def _eth(frame: pl.DataFrame) -> pl.DataFrame:
+    """One event per `ethtool` interface: `eth0: speed 100Mb/s, duplex Full, link detected yes`."""
+    rows = frame.filter(pl.col("iface").is_not_null() & pl.col("key").is_in(["Speed", "Duplex", "Link detected"]))
+    if rows.height == 0:
+        return rows
+    per_iface = rows.group_by("file", "iface", maintain_order=True).agg(
+        pl.col("line").min(), pl.col("text").first(),
+        pl.col("value").filter(pl.col("key") == "Speed").first().alias("speed"),
+        pl.col("value").filter(pl.col("key") == "Duplex").first().alias("duplex"),
+        pl.col("value").filter(pl.col("key") == "Link detected").first().alias("link"),
+    )
+    message = pl.concat_str(
+        pl.col("iface"), pl.lit(": speed "), pl.col("speed").fill_null("?"), pl.lit(", duplex "), pl.col("duplex").fill_null("?"),
+        pl.lit(", link detected "), pl.col("link").fill_null("?"),
+    )
+    return per_iface.with_columns(*_event("node.eth_speed", "info", message, pl.col("iface"))).drop("iface", "speed", "duplex", "link")
+
+
+def _topology(lines: pl.DataFrame) -> pl.DataFrame:
+    """`nvidia-smi topo -m`: per GPU row with NIC columns, its path to each NIC and the nearest one."""
+    body = pl.col("text").str.replace_all(_ANSI, "").str.strip_chars()
+    frame = lines.select("file", "line", "text", body.alias("b"))
+    header = pl.when(pl.col("b").str.starts_with("GPU0") & pl.col("b").str.contains("CPU Affinity", literal=True)).then(
+        pl.col("b").str.extract_all(r"\S+").list.eval(pl.element().filter(pl.element().str.contains(_TOPO_DEVICE))))
+    frame = frame.with_columns(header.forward_fill().over("file").alias("_cols"))
+    rows = frame.filter(pl.col("_cols").is_not_null() & pl.col("b").str.contains(r"^GPU\d+\s") & ~pl.col("b").str.contains("CPU Affinity", literal=True))
+    if rows.height == 0:
+        return rows
+    cells = pl.col("b").str.extract_all(r"\S+").list.slice(1, pl.col("_cols").list.len())
+    long = rows.select("file", "line", "text", pl.col("b").str.extract(r"^(GPU\d+)", 1).alias("gpu"), pl.col("_cols"), cells.alias("_cells"))
+    long = long.filter(pl.col("_cols").list.len() == pl.col("_cells").list.len()).explode("_cols", "_cells")
+    nics = long.filter(~pl.col("_cols").str.starts_with("GPU"))
+    if nics.height == 0:
+        return nics
+    legend = frame.select("file", pl.col("b").str.extract(_TOPO_LEGEND, 1).alias("_cols"), pl.col("b").str.extract(_TOPO_LEGEND, 2).alias("_name")).drop_nulls()
+    nics = nics.join(legend.unique(["file", "_cols"]), on=["file", "_cols"], how="left").with_columns(
+        pl.when(pl.col("_name").is_not_null()).then(pl.concat_str("_cols", pl.lit("("), "_name", pl.lit(")"))).otherwise(pl.col("_cols")).alias("nic"),
+        pl.col("_cells").replace_strict(_PATH_RANK, default=9).alias("_rank"),
+    )
+    per_gpu = nics.sort("file", "line", "_rank", maintain_order=True).group_by("file", "gpu", maintain_order=True).agg(
+        pl.col("line").first(), pl.col("text").first(),
+        pl.concat_str("nic", pl.lit(" "), "_cells").str.join(", ").alias("_paths"),
+        pl.col("nic").first().alias("_nearest"), pl.col("_cells").first().alias("_via"),
+    )
+    cross_numa = pl.col("_via") == "SYS"
+    message = pl.concat_str(
+        pl.col("gpu"), pl.lit(": nearest NIC "), pl.col("_nearest"), pl.lit(" via "), pl.col("_via"),
+        pl.when(cross_numa).then(pl.lit(" (every NIC across NUMA nodes)")).otherwise(pl.lit("")),
+        pl.lit("; paths: "), pl.col("_paths"),
+    )
+    return per_gpu.with_columns(
+        pl.lit("node.topology").alias("kind"),
+        pl.when(cross_numa).then(pl.lit("warning")).otherwise(pl.lit("info")).alias("severity"),
+        message.alias("message"), pl.col("gpu").alias("detail"),
+    ).drop("gpu", "_paths", "_nearest", "_via")
+
+
+# `nvidia-smi topo -m` paths, nearest first.
+_PATH_RANK = {"X": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
