@@ -362,12 +362,31 @@ def _chain(top: Path, levels: int) -> str:
     return path
 
 
-def test_a_tree_deeper_than_the_cap_is_counted_not_a_crash(tmp_path):
-    deep = tmp_path / "night" / "job-1"
+def _remove_chains(top: Path) -> None:
+    """Remove a tree bottom-up without recursion (pytest's own clean-up, shutil.rmtree, recurses)."""
+    directories, stack = [], [str(top)]
+    while stack:
+        directory = stack.pop()
+        directories.append(directory)
+        with os.scandir(directory) as it:
+            for entry in it:
+                stack.append(entry.path) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
+    for directory in reversed(directories):
+        os.rmdir(directory)
+
+
+@pytest.fixture
+def night_root(tmp_path):
+    yield tmp_path / "night"
+    _remove_chains(tmp_path / "night")
+
+
+def test_a_tree_deeper_than_the_cap_is_counted_not_a_crash(night_root):
+    deep = night_root / "job-1"
     _touch(deep / "rank0.log")
-    (tmp_path / "night" / "deep").mkdir()
-    _touch(Path(_chain(tmp_path / "night" / "deep", 1500)) / "lost.log")  # past the interpreter's recursion limit
+    (night_root / "deep").mkdir()
+    _touch(Path(_chain(night_root / "deep", 1500)) / "lost.log")  # past the interpreter's recursion limit
     _touch(Path(_chain(deep, 1500)) / "x.log")  # inside a job: its fingerprint walks it
-    search = find_jobs([tmp_path / "night"])
+    search = find_jobs([night_root])
     assert search.paths() == [str(deep)] and search.too_deep == 1
-    assert fingerprint(str(deep)) != fingerprint(str(tmp_path / "night"))
+    assert fingerprint(str(deep)) != fingerprint(str(night_root))
