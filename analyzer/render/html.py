@@ -122,9 +122,10 @@ def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: in
     data_element = _data_element(payload)
     plotly = plotly_js()
     script = _asset("assets", "report.js")
+    busbw_script = _asset("assets", "busbw.js")
     csp = (
         "default-src 'none'; "
-        f"script-src {_script_hash(plotly)} {_script_hash(script)}; "
+        f"script-src {_script_hash(plotly)} {_script_hash(script)} {_script_hash(busbw_script)}; "
         "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'none'; "
         "base-uri 'none'; form-action 'none'"
     )
@@ -148,6 +149,7 @@ def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: in
         _findings_html(report),
         _hosts_html(report),
         _checkpoints_html(report),
+        _busbw_html(analysis),
         _timeline_html(timeline),
         _inputs_html(report),
         _problems_html(report),
@@ -155,6 +157,7 @@ def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: in
         data_element,
         _inline_script(plotly),
         _inline_script(script),
+        _inline_script(busbw_script),
         "</body>",
         "</html>",
         "",
@@ -420,6 +423,46 @@ def _checkpoint_row_html(c: dict) -> str:
             f'<td class="num">{_e(c["step"] if c.get("step") is not None else "")}</td><td>{_e(saved)}</td>'
             f'<td class="num">{_e(human_size(c.get("size_bytes")))}</td><td>{mark}{_e(readable)}</td><td>{_e(complete)}</td>'
             f"<td>{resume_html}</td></tr>")
+
+
+BUSBW_MAX_RUNS = 64  # curves drawn; a bigger set is summarised in the section's note
+_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
+
+
+def _busbw_html(analysis) -> str:
+    """nccl-tests runs: busbw by size per run (or host) against the line its transport should reach."""
+    from analyzer.analyses.bandwidth import judged_runs
+    from analyzer.parse.nccltests import results_frame
+
+    results = results_frame(analysis.events)
+    if results.height == 0:
+        return ""
+    runs = judged_runs(analysis.events)
+    flagged = {e for ids in (analysis.findings.get_column("evidence").to_list() if analysis.findings.height else []) for e in ids}
+    curves = (
+        results.with_columns(pl.max_horizontal("oop_busbw", "ip_busbw").fill_nan(None).alias("busbw")).sort("run", "size")
+        .group_by("run", maintain_order=True).agg("size", "busbw", pl.col("event_id").alias("ids"))
+        .join(runs.select("run", "test", "file", "hosts", "expected", "basis"), on="run", how="left")
+    )
+    payload = {"palette": _PALETTE, "runs": []}
+    for row in curves.head(BUSBW_MAX_RUNS).iter_rows(named=True):
+        hosts = ", ".join((row["hosts"] or [])[:4])
+        label = f"{row['test'] or 'nccl-tests'} {hosts or row['file'] or row['run']}".strip()
+        payload["runs"].append({
+            "label": label, "size": row["size"], "busbw": row["busbw"],
+            "expected": row["expected"] if row["expected"] == row["expected"] else None,
+            "basis": row["basis"] or "", "flagged": bool(flagged.intersection(row["ids"])),
+        })
+    note = f"{curves.height} run(s)" + (f"; the first {BUSBW_MAX_RUNS} drawn" if curves.height > BUSBW_MAX_RUNS else "")
+    raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    safe = raw.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return (
+        '<section id="busbw"><h2>nccl-tests bus bandwidth <span class="muted">('
+        + _e(note) + ', dashed: the expectation for the transport, hardware/bandwidth.toml)</span></h2>'
+        + '<noscript><p>The curve needs JavaScript (inlined in this file; nothing is downloaded).</p></noscript>'
+        + '<div id="busbw-plot"></div>'
+        + f'<script type="application/json" id="pm-busbw">{safe}</script></section>'
+    )
 
 
 def _timeline_html(timeline: Timeline) -> str:
