@@ -605,7 +605,7 @@ def _pyspy_call(cfg: Capture, pid: int, name: str, extra: tuple[str, ...], path:
         result.status, result.reason = "failed", "py-spy printed no thread stacks"
     if result.status != "ok":
         record["status"] = result.status
-        record["reason"] = result.reason or _pyspy_reason(result.stderr, result.stdout)
+        record["reason"] = result.reason or _pyspy_reason(result.stderr, result.stdout, alive=read_process(pid) is not None)
         if "Failed to suspend process" in result.stderr.decode("utf-8", "replace"):
             record["_suspend_failed"] = True
         return record
@@ -624,8 +624,12 @@ def _looks_like_dump(name: str, stdout: bytes) -> bool:
     return b"\nThread " in stdout or stdout.startswith(b"Thread ")
 
 
-def _pyspy_reason(stderr: bytes, stdout: bytes) -> str:
-    """py-spy's error and its 'Caused by' chain, without the Rust backtrace; the usual causes named."""
+def _pyspy_reason(stderr: bytes, stdout: bytes, alive: bool = False) -> str:
+    """py-spy's error and its 'Caused by' chain, without the Rust backtrace; the usual causes named.
+
+    py-spy 0.4 reports a denied ptrace of a live process as not finding its executable
+    (/proc/PID/exe needs the same access), so that wording means "denied" while the process lives.
+    """
     lines = []
     for line in stderr.decode("utf-8", "replace").splitlines():
         if line.startswith("Stack backtrace"):
@@ -634,7 +638,8 @@ def _pyspy_reason(stderr: bytes, stdout: bytes) -> str:
             lines.append(line.strip())
     text = " / ".join(lines) or stderr.decode("utf-8", "replace").strip()[:300] or stdout.decode("utf-8", "replace").strip()[-300:]
     lowered = text.lower()
-    if "permission denied" in lowered or "operation not permitted" in lowered:
+    if ("permission denied" in lowered or "operation not permitted" in lowered
+            or (alive and "failed to get process executable name" in lowered)):
         return (f"ptrace denied ({text[:300]}): run as root or as the job's user; in a container add "
                 "CAP_SYS_PTRACE (docker --cap-add SYS_PTRACE); check kernel.yama.ptrace_scope")
     if "not supported" in lowered and "native" in lowered:

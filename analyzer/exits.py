@@ -22,7 +22,7 @@ import zipfile
 import zlib
 
 from lark.exceptions import LarkError
-from polars.exceptions import ComputeError, InvalidOperationError, PanicException
+from polars.exceptions import ComputeError, InvalidOperationError, NoDataError, PanicException
 
 from analyzer.discover import DecompressionLimit
 
@@ -50,7 +50,7 @@ INPUT_ERRORS: tuple[type[BaseException], ...] = (
     # A document nested deeper than the interpreter's stack, or too large to hold.
     RecursionError, MemoryError,
     # Grammars and polars on data they cannot take.
-    LarkError, ComputeError, InvalidOperationError,
+    LarkError, ComputeError, InvalidOperationError, NoDataError,
     # A Rust library's panic surfaces as pyo3's PanicException, a BaseException: data that crashed
     # the library, not our code (KeyboardInterrupt and SystemExit are never listed).
     PanicException,
