@@ -23,7 +23,7 @@ SEVERITIES = frozenset({"error", "warning", "info"})
 FAMILIES = frozenset({"nccl", "nccl_warn"})
 # An NCCL WARN line is recognised by its header, whose level word is spelled `WARN` (logtext._NCCL).
 FAMILY_LITERALS = {"nccl_warn": ("WARN",)}
-_KEYS = frozenset({"kind", "severity", "family", "pattern", "literals", "prefilter", "examples"})
+_KEYS = frozenset({"kind", "severity", "family", "pattern", "literals", "prefilter", "generic", "examples"})
 _REQUIRED = ("kind", "severity", "pattern", "examples")
 
 
@@ -40,6 +40,9 @@ class LineKind:
     literals: tuple[str, ...] = ()  # the prefilter: a line without any of these never reaches `pattern`
     examples: tuple[str, ...] = ()
     neighbour_only: bool = False  # reaches the regex only as the line before a prefilter candidate
+    # Catch-all failure wording: not applied to a line whose header gives it a level (NCCL, c10d,
+    # glog), nor to a line the benign vocabulary (category `none`) knows.
+    generic: bool = False
 
 
 @cache
@@ -76,7 +79,10 @@ def _row(name: str, index: int, row: dict) -> LineKind:
     examples = tuple(row["examples"])
     if not examples or not all(isinstance(e, str) and e for e in examples):
         raise LineKindError(f"{where}: examples must be a non-empty list of lines")
-    return LineKind(row["kind"], row["severity"], pattern, family, _literals(where, row, family, neighbour), examples, neighbour)
+    if not isinstance(row.get("generic", False), bool):
+        raise LineKindError(f"{where}: generic must be true or false")
+    literals = _literals(where, row, family, neighbour)
+    return LineKind(row["kind"], row["severity"], pattern, family, literals, examples, neighbour, bool(row.get("generic", False)))
 
 
 def _literals(where: str, row: dict, family: str | None, neighbour: bool) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from analyzer.parse.grammars import parse_body
 from analyzer.parse.line_kinds import LineKind, line_kinds
 from analyzer.parse.lines import lines_frame_many, peel_prefixes, split_interleaved
 from analyzer.parse.nodestate import NODE_STATE_START_LITERALS, node_state_events
+from analyzer.parse.vocabulary import BENIGN, vocabulary, with_hits
 
 # --- headers -------------------------------------------------------------------------------------
 
@@ -65,10 +66,16 @@ _KIND_SEVERITY = {k.kind: k.severity for k in LINE_KINDS}
 # Step and progress lines are numerous and only the first and last per file matter to the report:
 # they are sampled instead of classified.
 _SAMPLED_KINDS = ("train.step", "progress")
-# Node-state block starts ride on the same pass (one more literal costs nothing in Aho-Corasick).
+# Node-state block starts and the vocabularies' literals ride on the same pass (more literals cost
+# little in Aho-Corasick).
 PREFILTER_LITERALS: tuple[str, ...] = tuple(
-    sorted({lit for k in LINE_KINDS if k.kind not in _SAMPLED_KINDS for lit in k.literals} | set(NODE_STATE_START_LITERALS))
+    sorted(
+        {lit for k in LINE_KINDS if k.kind not in _SAMPLED_KINDS for lit in k.literals}
+        | set(NODE_STATE_START_LITERALS)
+        | set(vocabulary().prefilter)
+    )
 )
+VOCAB_KIND_PREFIX = "vocab."  # a vocabulary hit becomes an event of kind `vocab.<category>`
 _STEP_LITERALS = tuple(sorted({lit for k in LINE_KINDS if k.kind in _SAMPLED_KINDS for lit in k.literals}))
 # Lines that may belong to a multi-line record (traceback frames and their indented source lines).
 _CONTEXT_LITERALS = ('File "', "Traceback", "    ")
@@ -129,7 +136,7 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     # line counts below stay physical (`lines`, and `kept`'s distinct line numbers).
     chosen = split_interleaved(peel_prefixes(pl.concat([selected, steps], how="vertical").sort("file", "line")))
     classified = _classify(chosen)
-    kept = classified.filter(pl.col("kind").is_not_null())
+    kept = pl.concat([classified.filter(pl.col("kind").is_not_null()), _vocabulary_hits(classified)], how="vertical")
     node_state = node_state_events(lines, candidates="_cand")
     events = [_to_events(kept, chosen, year_hint), node_state]
     last_files = [p.item.path for p in pieces if p.last_piece]
@@ -164,6 +171,15 @@ def _count_lines(pieces: list[TextPiece], lines: pl.DataFrame, kept: pl.DataFram
         item.unparsed_lines += unparsed
 
 
+def _vocabulary_hits(classified: pl.DataFrame) -> pl.DataFrame:
+    """One more event for each line a vocabulary row knows as a failure: kind `vocab.<category>`.
+
+    The line keeps its own kind too, so signatures written against it still see it.
+    """
+    hit = pl.col("vocab_category").is_not_null() & (pl.col("vocab_category") != BENIGN)
+    return classified.filter(hit).with_columns((pl.lit(VOCAB_KIND_PREFIX) + pl.col("vocab_category")).alias("kind"))
+
+
 def _classify(lines: pl.DataFrame) -> pl.DataFrame:
     frame = lines.with_columns(pl.col("body").str.extract_groups(_NCCL).alias("_n")).unnest("_n")
     frame = frame.with_columns(
@@ -176,7 +192,12 @@ def _classify(lines: pl.DataFrame) -> pl.DataFrame:
         pl.when(~is_nccl).then(pl.col("body").str.extract_groups(_GLOG)).alias("_g"),
     ).unnest("_c", "_g")
     message = pl.coalesce("nccl_msg", "c_msg", "g_msg", "body")
-    frame = frame.with_columns(message.alias("message"))
+    frame = with_hits(frame.with_columns(message.alias("message")), "body")
+    # A line whose writer gave it a level (NCCL, c10d, glog headers) is judged by that level, and a line
+    # the benign vocabulary knows is no failure report: neither gets a catch-all (generic) kind.
+    leveled = pl.coalesce("nccl_level", "c_level", "g_level").is_not_null()
+    benign = (pl.col("vocab_category") == BENIGN).fill_null(False)
+    not_generic = leveled | benign
     kind_expr = pl.lit(None, dtype=pl.String)
     for line_kind in reversed(LINE_KINDS):
         if line_kind.family == "nccl_warn":
@@ -185,6 +206,8 @@ def _classify(lines: pl.DataFrame) -> pl.DataFrame:
             condition = is_nccl & pl.col("message").str.contains(line_kind.pattern)
         else:
             condition = pl.col("message").str.contains(line_kind.pattern)
+        if line_kind.generic:
+            condition = condition & ~not_generic
         kind_expr = pl.when(condition).then(pl.lit(line_kind.kind)).otherwise(kind_expr)
     level_kind = (
         pl.when(pl.col("c_level").is_in(["E", "F"]) | pl.col("g_level").is_in(["E", "F"]))
@@ -224,16 +247,29 @@ def _to_events(kept: pl.DataFrame, lines: pl.DataFrame, year_hint: int) -> pl.Da
     base = _with_regex_fields(base)
     base = _with_grammar_fields(base)
     base = _with_context(base, lines)
+    vocab = pl.col("kind").str.starts_with(VOCAB_KIND_PREFIX)
+    # A vocabulary event carries the row's code (cudaErrorIllegalAddress, Xid 79, ...) and meaning.
+    base = base.with_columns(
+        pl.when(vocab).then(pl.col("vocab_code")).otherwise(pl.col("code")).alias("code"),
+        pl.when(vocab).then(pl.col("vocab_id") + pl.lit(": ") + pl.col("vocab_meaning")).otherwise(pl.col("detail")).alias("detail"),
+    )
     return conform(pl.concat([conform(base), _failure_table_entries(base)]))
 
 
 def _severity_expr() -> pl.Expr:
+    # A vocabulary hit is a failure; a line the benign vocabulary knows is informational, whatever its level.
+    vocab = (
+        pl.when(pl.col("kind").str.starts_with(VOCAB_KIND_PREFIX))
+        .then(pl.lit("error"))
+        .when(pl.col("vocab_category") == BENIGN)
+        .then(pl.lit("info"))
+    )
     by_kind = pl.col("kind").replace_strict(_KIND_SEVERITY, default=None)
     by_level = pl.coalesce("c_level", "g_level").replace_strict(
         {"I": "info", "W": "warning", "E": "error", "F": "fatal"}, default=None
     )
     nccl_warn = pl.when(pl.col("nccl_level") == "WARN").then(pl.lit("warning"))
-    return pl.coalesce(nccl_warn, by_level, by_kind, pl.lit("info"))
+    return pl.coalesce(vocab, nccl_warn, by_level, by_kind, pl.lit("info"))
 
 
 def _with_timestamps(frame: pl.DataFrame, year_hint: int) -> pl.DataFrame:

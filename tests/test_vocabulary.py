@@ -1,0 +1,140 @@
+"""The vocabularies (vocabularies/*.csv): complete for the sources they claim, valid rows, every row's
+test line recognised mid-file as its category, and never silent on failure wording nor noisy on benign lines."""
+
+import csv
+import re
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analyzer.api import analyze
+from analyzer.discover import discover
+from analyzer.parse.literals import covers
+from analyzer.parse.logtext import PREFILTER_LITERALS, parse_text_file
+from analyzer.parse.vocabulary import COLUMNS, VocabularyError, check_test_lines, vocabulary, with_hits
+from analyzer.rules import CATEGORIES, catalogue
+
+ROOT = Path(__file__).resolve().parent.parent / "vocabularies"
+ROWS = vocabulary().rows
+
+
+def rows_of(component: str) -> pl.DataFrame:
+    return ROWS.filter(pl.col("component") == component)
+
+
+def test_minimum_content():
+    header = ROWS.filter(pl.col("component") == "cuda-runtime").get_column("code").to_list()
+    assert len(header) >= 130 and {"cudaErrorSystemNotReady", "cudaErrorAssert", "cudaErrorIllegalAddress", "cudaErrorDevicesUnavailable"} <= set(header)
+    assert rows_of("cuda-driver").height >= 99
+    assert set(ROWS.filter(pl.col("id").str.starts_with("nccl-result/")).get_column("code")) == {
+        "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError", "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"}
+    warn = ROWS.filter(pl.col("id").str.starts_with("nccl-warn/"))
+    assert warn.height >= 500 and warn.get_column("versions").str.contains("NCCL 2.4-").any() and warn.get_column("versions").str.contains("-2.28 ").any()
+    assert set(rows_of("nvidia-driver").get_column("code")) == {f"Xid {n}" for n in range(1, 173)}
+    assert rows_of("ibverbs").height == 24  # IBV_WC_SUCCESS .. IBV_WC_TM_RNDV_INCOMPLETE
+    for needle in ("Test CUDA failure", "Test NCCL failure", "NCCL failure", "Test failure"):
+        assert needle in ROWS.filter(pl.col("component").is_in(["nccl-tests", "rccl-tests"])).get_column("code").to_list()
+    kernel = " ".join(rows_of("kernel").get_column("pattern").to_list() + rows_of("nvidia-smi").get_column("pattern").to_list())
+    for needle in ("fallen off the bus", "Reset", "RmInitAdapter failed", "AER", "Uncorrected \\(Fatal\\)", "Unable to determine the device handle"):
+        assert needle in kernel
+
+
+def test_every_row_is_complete_and_its_category_a_verdict_category():
+    for path in sorted(ROOT.glob("*.csv")):
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            assert tuple(reader.fieldnames) == COLUMNS, path.name
+            for row in reader:
+                assert row["category"] in CATEGORIES, f"{path.name} {row['id']}: {row['category']}"
+                assert all(row[c].strip() for c in ("meaning", "remediation", "source", "versions", "test_line")), row["id"]
+
+
+def test_every_row_matches_its_test_line_in_both_regex_engines():
+    check_test_lines(vocabulary())
+    for row in ROWS.filter(pl.col("match") == "regex").iter_rows(named=True):
+        assert re.search(row["pattern"], row["test_line"]), row["id"]
+
+
+def test_prefilter_literals_cover_every_regex_and_ride_the_text_prefilter():
+    literals = vocabulary().literals
+    for row in ROWS.filter(pl.col("match") == "regex").iter_rows(named=True):
+        mine = literals.filter(pl.col("row") == row["row"]).get_column("literal").to_list()
+        assert covers(mine, row["pattern"]), row["id"]
+    assert set(vocabulary().prefilter) <= set(PREFILTER_LITERALS)
+
+
+def test_every_row_is_recognised_mid_file_as_its_category(tmp_path):
+    """All test lines in one file, each between neutral lines; each gets its row's category.
+
+    A row of category `other` knows a message but no cause: a more specific row may explain its test line."""
+    neutral = "the training loop goes on with the next batch"
+    rows = ROWS.select("id", "category", "test_line").rows()
+    (tmp_path / "all.log").write_text("".join(f"{neutral}\n{line}\n" for _, _, line in rows) + f"{neutral}\n")
+    (item,) = discover(tmp_path)
+    events = parse_text_file(item, 2026)
+    vocab = events.filter(pl.col("kind").str.starts_with("vocab.")).select("line", pl.col("kind").str.strip_prefix("vocab.").alias("category"))
+    got = dict(vocab.rows())
+    wrong = [(rid, cat, got.get(2 * i + 2)) for i, (rid, cat, _) in enumerate(rows) if cat != "none" and got.get(2 * i + 2) != cat and not (cat == "other" and got.get(2 * i + 2))]
+    assert not wrong, wrong[:10]
+    benign_lines = {2 * i + 2 for i, (_, cat, _) in enumerate(rows) if cat == "none"}
+    assert not benign_lines & set(got)
+    generic = events.filter(pl.col("kind") == "log.failure").get_column("line").to_list()
+    assert not benign_lines & set(generic)
+
+
+def test_each_category_has_its_vocabulary_rule():
+    kinds = {k for rule in catalogue() for k in rule.match.get("kinds", [])}
+    used = set(ROWS.get_column("category")) - {"none"}
+    assert {f"vocab.{c}" for c in used} <= kinds
+
+
+def test_hits_need_a_prefilter_literal_and_prefer_benign_then_specific():
+    frame = pl.DataFrame({"body": [
+        "nothing to see here",
+        "node-1:1:2 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+    ]})
+    got = with_hits(frame, "body").select("vocab_category").to_series().to_list()
+    assert got == [None, "none", "rank_crash_exception_then_hang", "gpu_hardware_xid"]
+
+
+def test_bad_rows_fail_to_load_naming_file_row_and_field(tmp_path):
+    good = {c: "x" for c in COLUMNS} | {"id": "t/1", "match": "literal", "pattern": "frobnicator broke", "category": "other", "test_line": "the frobnicator broke"}
+    for change, message in (({"category": "gremlins"}, "category 'gremlins' is not a verdict category"),
+                            ({"match": "glob"}, "match 'glob'"),
+                            ({"meaning": ""}, "field 'meaning' is empty"),
+                            ({"match": "regex", "pattern": "(unclosed"}, "does not compile"),
+                            ({"match": "regex", "pattern": "\\d+"}, "no prefilter literal")):
+        directory = tmp_path / f"v{len(message)}"
+        directory.mkdir()
+        with (directory / "t.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerow(good | change)
+        with pytest.raises(VocabularyError, match=r"t\.csv: row 't/1'") as info:
+            vocabulary(str(directory))
+        assert message in str(info.value)
+
+
+def job(tmp_path: Path, lines: list[str]) -> dict:
+    (tmp_path / "rank0.log").write_text("starting\n" + "\n".join(lines) + "\nstep 10 loss 0.5\n")
+    return analyze(str(tmp_path)).report
+
+
+def test_never_silent_on_unknown_failure_wording(tmp_path):
+    report = job(tmp_path, ["the frobnicator gave up: handshake failed with the peer", "continuing"])
+    assert report["verdict"]["category"] == "other"
+    assert "handshake failed" in report["verdict"]["evidence"][0]["text"]
+
+
+def test_benign_lines_keep_a_healthy_run_silent(tmp_path):
+    report = job(tmp_path, [
+        "node-1:100:200 [0] NCCL INFO Failed to open libibverbs.so[.1]",
+        "node-1:100:200 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal implementation",
+        "node-1:100:200 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]",
+        "[rank0]:[W1130 15:01:02.000000000 ProcessGroupNCCL.cpp:1250] Warning: WARNING: destroy_process_group() was not called before program exit, which can leak resources.",
+        "#       size         count      type   redop    root     time   algbw   busbw  error     time   algbw   busbw  error",
+    ])
+    assert report["verdict"]["category"] == "none", report["findings"]
