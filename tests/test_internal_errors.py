@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from lark.exceptions import UnexpectedCharacters
-from polars.exceptions import ComputeError, PanicException
+from polars.exceptions import ComputeError, NoDataError, PanicException
 
 import analyzer.parse as parse
 from analyzer.analyses import load_all
@@ -86,7 +86,7 @@ def test_what_libraries_raise_on_bad_bytes_is_an_input_error(exc_type):
 
 
 @pytest.mark.parametrize("exc", [
-    ValueError("bad number"), ComputeError("cannot cast"), PanicException("rust panicked"),
+    ValueError("bad number"), ComputeError("cannot cast"), NoDataError("empty CSV"), PanicException("rust panicked"),
     UnexpectedCharacters("x", 0, 1, 1), DecompressionLimit("bomb"), NotNsysExport("no tables"),
     RecursionError("nested too deep"),
 ], ids=lambda e: type(e).__name__)
