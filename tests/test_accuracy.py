@@ -1,6 +1,9 @@
 """Accuracy over every fixture with a truth file; prints the per-case table and per-category figures."""
 
-from tests.accuracy import evaluate, summarise, truth_cases
+import tomllib
+
+from analyzer.rules import CATEGORIES
+from tests.accuracy import evaluate, evaluate_healthy, healthy_runs, round_figures, summarise, truth_cases
 
 # Raise these as the analyzer improves. Culprit misses left: the excerpts of 019, 024, 025 and 031
 # do not contain the culprit's identity at all, and 014 (identical hostnames) is not detected yet.
@@ -13,7 +16,7 @@ def test_accuracy_on_real_incidents(capsys):
     assert len(results) >= 28
     category_acc, culprit_acc, table = summarise(results)
     with capsys.disabled():
-        print("\n" + table)
+        print("\n" + table + "\nwhole corpus: " + round_figures(results, []))
     assert category_acc >= CATEGORY_BAR
     assert culprit_acc >= CULPRIT_BAR
 
@@ -39,3 +42,22 @@ def test_decoys_are_not_fooled():
             continue
         result = evaluate(case)
         assert result.category_ok, f"{case.name}: {result.category} instead of {result.truth_category}"
+
+
+def test_no_false_alarms_on_benign_runs():
+    """Issue 17: 0 findings on the healthy runs and on the benign decoys (truth `none`) of the held-out rounds."""
+    benign = [c for c in truth_cases() if tomllib.loads((c / "truth.toml").read_text())["category"] == "none"]
+    assert benign
+    alarms = [r.name for r in map(evaluate, benign) if r.false_alarm]
+    alarms += [h.name for h in map(evaluate_healthy, healthy_runs()) if h.false_alarm]
+    assert alarms == []
+
+
+def test_truth_files_name_a_verdict_category_and_their_round():
+    for case in truth_cases():
+        truth = tomllib.loads((case / "truth.toml").read_text())
+        assert truth["category"] in CATEGORIES, f"{case.name}: unknown category {truth['category']!r}"
+        assert isinstance(truth.get("round", 0), int), f"{case.name}: round must be an integer"
+        assert isinstance(truth.get("decoy", False), bool), f"{case.name}: decoy must be true or false"
+        if "round" in truth:
+            assert truth["source"].startswith("https://"), f"{case.name}: a held-out case names its public thread"
