@@ -190,3 +190,17 @@ def test_report_without_nccl_tests_has_no_busbw_section():
     from analyzer.render.html import render_html
 
     assert 'id="busbw"' not in render_html(analyze(ROOT / "fixtures" / "healthy" / "torchrun-2gpu-normal" / "job"))
+
+
+def test_the_host_common_to_slow_pairs_is_named(tmp_path):
+    """Pair runs over IB with the pair figures of NVIDIA/nccl-tests#106 (49.36, 88.36, 49.30, 86.81 GB/s, scaled): node 644 in every slow pair."""
+    def pair(a: str, b: str, busbw: float) -> str:
+        return SOCKET_RUN.replace("test1", a).replace("test2", b).replace("via NET/Socket/0", "via NET/IB/0").replace(
+            "0.01    0.01      0   89478485    0.01    0.01", f"{busbw:.2f}  {busbw:.2f}      0   89478485  {busbw:.2f}  {busbw:.2f}")
+    for i, (a, b, bw) in enumerate([("gn644", "gn699", 4.94), ("gn632", "gn641", 8.84), ("gn641", "gn644", 4.93), ("gn404", "gn699", 8.68),
+                                     ("gn632", "gn404", 8.8)]):
+        (tmp_path / f"pair{i}.log").write_text(pair(a, b, bw))
+    found = analyze(tmp_path).report["findings"]
+    peers = [f for f in found if f["rule_id"] == "nccltests-run-slower-than-peers-ib"]
+    assert peers and {h for f in peers for h in f["hosts"]} == {"gn644"}
+    assert peers[0]["category"] == "ib_link_or_hca_error" and "over InfiniBand/RoCE" in peers[0]["summary"]

@@ -13,8 +13,9 @@ rows measure latency) in three ways:
   `far_below` of the expectation): `nccltests-busbw-below-expected`, or
   `nccltests-busbw-below-expected-ib` when the slow link is InfiniBand/RoCE;
 * against its peers: among several runs of one test on the same GPU model and rank count, a run
-  under `peer_fraction` of the others' median: `nccltests-run-slower-than-peers`, naming the
-  hosts found only in slow runs (the slow host of per-host runs, the host common to slow pairs);
+  under `peer_fraction` of the others' median: `nccltests-run-slower-than-peers` (`-ib` for runs
+  over InfiniBand/RoCE), naming the hosts found only in slow runs (the slow host of per-host runs,
+  the host common to slow pairs);
 * against itself: a curve whose large-message busbw collapses under `collapse_fraction` of its
   best at smaller sizes (a healthy curve rises and plateaus): `nccltests-busbw-collapses`.
 
@@ -253,10 +254,15 @@ def _slower_than_peers(runs: pl.DataFrame, fraction: float) -> list[dict]:
     for run in slow.iter_rows(named=True):
         hosts = _hosts_of(run)
         culprits = [h for h in hosts if h not in healthy_hosts] or hosts
+        network = run["transport"] in ("net-ib", "net-socket")
+        link = {"net-ib": "InfiniBand/RoCE", "net-socket": "TCP sockets"}.get(run["transport"]) or run["basis"] or "its intra-node link"
         rows.append(finding(
-            "nccltests-run-slower-than-peers", hosts=culprits, confidence=0.8 if len(culprits) < len(hosts) or len(hosts) == 1 else 0.6,
+            "nccltests-run-slower-than-peers-ib" if run["transport"] == "net-ib" else "nccltests-run-slower-than-peers",
+            hosts=culprits, confidence=0.8 if len(culprits) < len(hosts) or len(hosts) == 1 else 0.6,
             summary=(f"{_label(run)}: best large-message busbw {run['peak']:g} GB/s, {run['peak'] / run['_median']:.0%} of the "
-                     f"{run['_median']:g} GB/s median of {run['_n']} comparable runs; slow host(s): {', '.join(culprits) or 'unknown'}"),
+                     f"{run['_median']:g} GB/s median of {run['_n']} comparable runs over {link}; "
+                     f"slow host(s): {', '.join(culprits) or 'unknown'}"
+                     + (" (the host common to the slow runs and absent from the fast ones)" if network and len(culprits) < len(hosts) else "")),
             evidence=[run["event_id"], *(run["large_events"] or [])][:MAX_EVIDENCE],
         ))
     return rows
