@@ -20,7 +20,7 @@ from analyzer.analyses import JobContext
 from analyzer.correlate import JobFacts, correlate
 from analyzer.decide import decide
 from analyzer.detect import detect, format_ranks
-from analyzer.discover import DiscoveryError, InputFile, discover
+from analyzer.discover import STDIN, DiscoveryError, InputFile, discover
 from analyzer.exits import INPUT_ERRORS
 from analyzer.parse import TEXT_FORMATS, parse_inputs
 from analyzer.rules import Rule, rules_by_id
@@ -65,7 +65,8 @@ def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()
     events, facts = correlate(raw, inputs)
     _record_input_ranks(events, inputs)
     rules = rules_by_id()
-    job = facts.context(events, root=str(path), checkpoint_paths=tuple(map(str, checkpoint_paths)))
+    root = None if str(path) == STDIN else str(path)  # standard input has no directory to audit
+    job = facts.context(events, root=root, checkpoint_paths=tuple(map(str, checkpoint_paths)))
     detection = detect(events, job)
     decision = decide(detection.findings, rules)
     checkpoints = _checkpoint_records(events, job, detection.problems)

@@ -342,7 +342,7 @@ def test_file_count_cap_is_reported(tmp_path, monkeypatch):
     for i in range(30):
         (tmp_path / f"r{i:02d}.log").write_text(WARN_LINE + "\n")
     _, report = json_report(tmp_path)
-    capped = [i for i in report["inputs"] if "more than 20 files" in i["reason"]]
+    capped = [i for i in report["inputs"] if "file cap 20 reached: 10 files not read" in i["reason"]]
     assert len(report["inputs"]) == 21 and len(capped) == 1 and capped[0]["status"] == "skipped"
 
 

@@ -67,7 +67,7 @@ def parse_nsys_sqlite(item: InputFile) -> pl.DataFrame:
 
 @contextlib.contextmanager
 def _sqlite_file(item: InputFile) -> Iterator[str]:
-    if item._disk_path is not None and not item._gzip:
+    if item._disk_path is not None and item._codec is None:
         yield str(item._disk_path)
         return
     # Decompressed copy outside the job directory, removed whatever happens.
