@@ -150,3 +150,19 @@ def test_result_detail_is_json(tmp_path):
     events = _events(tmp_path, NEWEST)
     detail = json.loads(events.filter(pl.col("kind") == "nccltests.result").get_column("detail")[0])
     assert detail["oop_busbw"] == 0.23
+
+
+def test_hostile_values_are_no_figures_and_never_lose_the_file(tmp_path):
+    text = NEWEST + "\n".join([
+        "  99999999999999999999999 1 float sum -1 1 2 3 4 5 6 7 8",
+        "    33554432       8388608     float    none      -1    19.56  1715.44    inf      0     0.78  43046.10    nan    N/A",
+        "#  Rank  9 Group  0 Pid 99999999999999999999 on  h device  0 [0x01] X",
+        "h: Test NCCL failure a.cu:1 ''",
+        " .. h pid 99999999999999999999: Test failure a:1",
+    ]) + "\n"
+    events = _events(tmp_path, text)
+    rows = results_frame(events)
+    assert rows.get_column("size").to_list() == [8192]  # the overflowing size and the inf/nan busbw row are no result
+    item = discover(tmp_path)[0]
+    parse_inputs([item])
+    assert item.status == "parsed"

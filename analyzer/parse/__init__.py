@@ -163,8 +163,9 @@ def _parse_nccl_tests(items: list[InputFile]) -> list[pl.DataFrame]:
     for item in (i for i in items if i.format == "nccl_tests" and i.status != "error"):
         try:
             events, own = parse_nccl_tests(item)
-        except INPUT_ERRORS as exc:  # a bad table must never abort the job
-            item.skip(f"could not parse the nccl-tests tables: {type(exc).__name__}: {exc}"[:500], status="error")
+        except INPUT_ERRORS as exc:  # a bad table must never abort the job; its log lines were read
+            item.status = "partial"
+            item.reason = f"nccl-tests tables not read: {type(exc).__name__}: {exc}"[:500]
             continue
         item.unparsed_lines = max(item.unparsed_lines - own, 0)  # its table lines are read, not unknown
         if item.status == "partial" and item.reason == "no line of a known format" and item.unparsed_lines < item.lines:

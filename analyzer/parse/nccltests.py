@@ -129,8 +129,8 @@ def _devices(frame: pl.DataFrame) -> pl.DataFrame:
         return rows
     return rows.select(
         "file", "line", "text",
-        pl.col("rank").cast(pl.Int64), pl.col("pid").cast(pl.Int64), pl.col("host").str.strip_chars(),
-        pl.col("device").cast(pl.Int64),
+        pl.col("rank").cast(pl.Int64, strict=False), pl.col("pid").cast(pl.Int64, strict=False), pl.col("host").str.strip_chars(),
+        pl.col("device").cast(pl.Int64, strict=False),
         pl.lit("nccltests").alias("source"), pl.lit("nccltests.device").alias("kind"), pl.lit("info").alias("severity"),
         pl.concat_str(pl.lit("rank "), "rank", pl.lit(" on "), "host", pl.lit(" device "), "device",
                       pl.lit(" ["), "bus_id", pl.lit("] "), "gpu").alias("message"),
@@ -144,7 +144,8 @@ def _token(index: pl.Expr) -> pl.Expr:
 
 
 def _number(index: pl.Expr) -> pl.Expr:
-    return _token(index).cast(pl.Float64, strict=False)
+    value = _token(index).cast(pl.Float64, strict=False)
+    return pl.when(value.is_finite()).then(value)  # `nan`, `inf` (a broken timer) are no figures
 
 
 def _results(frame: pl.DataFrame) -> pl.DataFrame:
@@ -183,7 +184,7 @@ def _results(frame: pl.DataFrame) -> pl.DataFrame:
     ).filter(pl.col("size").is_not_null() & pl.col("oop_busbw").is_not_null())
     if figures.height == 0:
         return figures
-    wrong = (pl.col("oop_wrong").fill_null(0) + pl.col("ip_wrong").fill_null(0)).cast(pl.Int64)
+    wrong = (pl.col("oop_wrong").fill_null(0) + pl.col("ip_wrong").fill_null(0)).cast(pl.Int64, strict=False)
     detail = pl.struct(*RESULT_FIELDS).struct.json_encode()
     return figures.with_columns(
         pl.lit("nccltests").alias("source"), pl.lit("nccltests.result").alias("kind"),
@@ -221,6 +222,7 @@ def _runs(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("line").min().alias("_first"),
         pl.col("body").filter(pl.col("_header")).first().alias("_hbody"),
         pl.col("text").filter(pl.col("_header")).first().alias("_htext"),
+        pl.col("text").first().alias("_ftext"),
         pl.col("_test").filter(pl.col("_header")).first().alias("_htest"),
         pl.col("_test").drop_nulls().last().alias("_ltest"),
         pl.col("_avg").drop_nulls().last().alias("avg_busbw"),
@@ -242,7 +244,7 @@ def _runs(frame: pl.DataFrame) -> pl.DataFrame:
     return per_run.select(
         "file",
         pl.coalesce("_hline", "_first").alias("line"),
-        pl.coalesce("_htext", pl.lit("")).alias("text"),
+        pl.coalesce("_htext", "_ftext").alias("text"),  # a pasted table without its header: its first line
         pl.lit("nccltests").alias("source"), pl.lit("nccltests.run").alias("kind"), pl.lit("info").alias("severity"),
         pl.concat_str(
             pl.col("test").fill_null("nccl-tests"), pl.lit(": nThread "), pl.col("nthread").cast(pl.String).fill_null("?"),
@@ -275,7 +277,7 @@ def _failures(frame: pl.DataFrame) -> pl.DataFrame:
     if rows.height == 0:
         return rows
     traces = frame.filter(pl.col("_trace")).with_columns(pl.col("body").str.extract_groups(_TRACE).alias("t")).unnest("t")
-    pids = traces.group_by("file", "host").agg(pl.col("pid").first().cast(pl.Int64))
+    pids = traces.group_by("file", "host").agg(pl.col("pid").first().cast(pl.Int64, strict=False))
     rows = rows.join(pids, on=["file", "host"], how="left", nulls_equal=True) if pids.height else rows.with_columns(pl.lit(None, dtype=pl.Int64).alias("pid"))
     nccl = pl.col("what").str.contains("NCCL")
     # `unhandled system error / socket connect to ...`: the NCCL result, then (2.13+) its last error.
