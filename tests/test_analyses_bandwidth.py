@@ -14,7 +14,6 @@ from analyzer.api import analyze
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "nccl-tests"
 CASES = sorted(p for p in FIXTURES.iterdir() if (p / "truth.toml").exists())
-KNOWN_GAPS = {"v100-pcie-broadcast-sockets": "the benign 'Failed to open libibverbs' WARN of a sockets-only run is reported by the unexplained-nccl-warnings fallback"}
 
 # One GPU name per [[gpu]] row, as `# Using devices` prints it, and the figure the row gives.
 GPU_NAMES = {
@@ -75,8 +74,6 @@ def test_every_transport_row_is_tested():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
 def test_real_outputs_give_their_truth(case):
-    if case.name in KNOWN_GAPS:
-        pytest.xfail(KNOWN_GAPS[case.name])
     truth = tomllib.loads((case / "truth.toml").read_text())
     verdict = analyze(case / "job").report["verdict"]
     if truth.get("undecidable"):  # the excerpt cannot settle the cause: it must not be a clean report
