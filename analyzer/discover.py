@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 
 import zstandard
 
-from analyzer.bounds import rank_number
+from analyzer.bounds import MAX_NAME_CHARS, cap_text, rank_number
 from analyzer.resources import data_dir
 
 # Caps that keep one hostile input from exhausting the machine.
@@ -539,11 +539,12 @@ def _priority_patterns() -> tuple[re.Pattern[bytes], re.Pattern[str]]:
 
 
 def _display_name(name: str) -> str:
-    """File names are bytes: undecodable bytes and control characters are shown escaped (`\\xff`)."""
-    if not _UNPRINTABLE_NAME.search(name):
-        return name
-    text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return _UNPRINTABLE_NAME.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """File names are bytes: undecodable bytes and control characters are shown escaped (`\\xff`),
+    and a name longer than MAX_NAME_CHARS (a 16 MB PAX member name) is cut, saying so."""
+    if _UNPRINTABLE_NAME.search(name):
+        text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        name = _UNPRINTABLE_NAME.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return cap_text(name, MAX_NAME_CHARS)
 
 
 # --- one file on disk -----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import zstandard
 from click.testing import CliRunner
 
 from analyzer.cli import main
-from analyzer.discover import MAX_ARCHIVE_MEMBER_BYTES, discover
+from analyzer.discover import MAX_ARCHIVE_MEMBER_BYTES, discover, iter_text_chunks
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE_JOB = ROOT / "fixtures" / "cases" / "rec-watchdog-timeout-rank1-skipped" / "job"
@@ -367,3 +367,66 @@ def test_a_bomb_on_standard_input_is_capped(tmp_path):
     run = run_in_child(["analyze", "-"], stdin=(tmp_path / name).read_bytes())
     assert run["code"] == 2 and "gzip bomb" in run["stderr"], run["stderr"][-2000:]
     assert run["rss_kb"] < RSS_BOUND_KB and run["seconds"] < 60
+
+
+# --- names, memory, zip bombs ----------------------------------------------------------------------
+
+
+def test_a_huge_member_name_is_cut_in_the_report(tmp_path):
+    name = "logs/" + "x" * (2 * MB) + "/rank0.log"  # a PAX header carries it
+    (tmp_path / "long.tar.gz").write_bytes(COMPRESS["gzip"](tar_bytes([(name, CASE_LOG.read_bytes())], tarfile.PAX_FORMAT)))
+    (item,) = discover(tmp_path / "long.tar.gz")
+    assert item.format == "text" and len(item.path) < 1100 and "more characters cut" in item.path
+
+
+def test_the_memory_cap_on_held_members_leaves_a_row(tmp_path, monkeypatch):
+    import analyzer.discover as discover_module
+
+    monkeypatch.setattr(discover_module, "MAX_HELD_BYTES", 1)  # the first member (read whole) fills it
+    (tmp_path / "logs.tar.xz").write_bytes(archive("tar.xz", case_files()))
+    first, *rest = discover(tmp_path / "logs.tar.xz")
+    assert (first.format, first.status, first.capped) == ("text", "pending", False)
+    assert len(rest) == 3 and all(i.capped and i.status == "skipped" and "memory cap" in i.reason for i in rest)
+
+
+def test_a_member_cut_by_the_memory_cap_is_partial(tmp_path, monkeypatch):
+    import analyzer.discover as discover_module
+
+    monkeypatch.setattr(discover_module, "MAX_HELD_BYTES", 64 << 10)
+    random_text = os.urandom(3 * MB).hex().encode()  # text that does not compress below the cap
+    (tmp_path / "big.zip").write_bytes(zip_bytes([("rank0.log", CASE_LOG.read_bytes() + random_text)]))
+    (item,) = discover(tmp_path / "big.zip")
+    assert item.capped and "memory cap" in item.reason and item.size < 6 * MB
+    assert "".join(iter_text_chunks(item)).startswith(CASE_LOG.read_text()[:200])
+    assert item.status == "partial"  # read in part: the rest may hold the evidence
+
+
+def test_standard_input_past_its_cap_is_partial(monkeypatch):
+    import analyzer.discover as discover_module
+
+    monkeypatch.setattr(discover_module, "MAX_DECOMPRESSED_BYTES", 4096)
+    code, report, output = analyze_json("-", stdin=CASE_LOG.read_bytes())
+    assert code == 1, output
+    (entry,) = report["inputs"]
+    assert entry["status"] == "partial" and "longer than 4096 bytes: the first 4096 read" in entry["reason"]
+
+
+def test_overlapping_zip_entries_are_not_inflated(tmp_path):
+    data = zip_bytes([("a.log", CASE_LOG.read_bytes()), ("b.log", CASE_LOG.read_bytes())])
+    second = data.index(b"PK\x01\x02", data.index(b"PK\x01\x02") + 4)
+    data = data[: second + 42] + (0).to_bytes(4, "little") + data[second + 46 :]  # b.log's header offset -> a.log's
+    (tmp_path / "overlap.zip").write_bytes(data)
+    inputs = {i.path: i for i in discover(tmp_path / "overlap.zip")}
+    for name in ("overlap.zip!a.log", "overlap.zip!b.log"):
+        assert inputs[name].status == "skipped" and "overlaps another member" in inputs[name].reason
+
+
+def test_a_zip_member_over_the_bomb_ratio_is_not_inflated(tmp_path):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("zeros.log", bytes(64 * MB))
+        zf.writestr("rank0.log", CASE_LOG.read_bytes())
+    (tmp_path / "z.zip").write_bytes(buffer.getvalue())
+    inputs = {i.path: i for i in discover(tmp_path / "z.zip")}
+    assert inputs["z.zip!zeros.log"].status == "skipped" and "possible zip bomb" in inputs["z.zip!zeros.log"].reason
+    assert inputs["z.zip!rank0.log"].format == "text"
