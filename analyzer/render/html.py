@@ -369,6 +369,10 @@ def _host_row_html(table: HostTable, row) -> str:
             title = cell_note(table, row, column.key) + (f"\nfull value: {value}" if text != value else "")
             cells.append(f'<td data-col="{_e(column.key)}" class="differs" title="{_e(title)}">'
                          f'<span class="mark">\u2260</span>\u00a0<b>{_e(text)}</b></td>')
+        elif row.known_for(column.key):  # an affected version: a known issue of the table applies
+            notes = [column.other_side_note()] if column.key in row.other_side else []
+            title = "\n".join([*notes, cell_note(table, row, column.key)])
+            cells.append(f'<td data-col="{_e(column.key)}" class="known-issue" title="{_e(title)}">{_e(text)}</td>')
         else:
             notes = [column.other_side_note()] if column.key in row.other_side else []
             notes += [f"full value: {value}"] if text != value else []

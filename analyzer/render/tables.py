@@ -115,7 +115,8 @@ class Row:
         return bool(self.marked) or self.duplicate_name or bool(self.per_rank) or self.culprit
 
     def known_for(self, key: str) -> list[dict]:
-        """The known issues that mark this row's cell `key` (a version fact)."""
+        """The known issues of the version in this row's cell `key`: the cell is marked as an
+        affected version (a mark of its own, apart from `marked`, which means "differs")."""
         return [note for note in self.known if key in (note.get("facts") or ())]
 
 
@@ -301,20 +302,13 @@ def host_table(report: dict, *, fold_min: int = FOLD_MIN, max_rows: int = MAX_RO
     columns, common_env, per_host_env = _columns(records, report.get("findings") or [])
     resolved = [c for c in columns if c.odd is not None]
 
-    shown = {c.key for c in columns}
-
-    def differing_marks(record: dict) -> set[str]:
+    def marks(record: dict) -> frozenset[str]:
         """`differs`, less the cells on the side of an even split that a finding did not name."""
         keys = set(record.get("differs") or ())
         for column in resolved:
             if column.key in keys and _value(record, column.key) != column.odd:
                 keys.discard(column.key)
-        return keys
-
-    def marks(record: dict) -> frozenset[str]:
-        """The differing cells plus the version cells a known issue of the table affects."""
-        known = {fact for note in record.get("known_issues") or () for fact in note.get("facts") or ()}
-        return frozenset(differing_marks(record) | (known & shown))
+        return frozenset(keys)
 
     culprits = set(report.get("verdict", {}).get("culprit_hosts") or [])
     if len(culprits) > MAX_CULPRIT_ROWS:
@@ -345,7 +339,7 @@ def host_table(report: dict, *, fold_min: int = FOLD_MIN, max_rows: int = MAX_RO
     if len(rows) > max_rows:
         omitted = tuple(sorted(host for row in rows[max_rows:] for host in row.hosts))
         rows = rows[:max_rows]
-    differing = sum(1 for r in records if differing_marks(r) or r.get("duplicate_name"))
+    differing = sum(1 for r in records if marks(r) or r.get("duplicate_name"))
     return HostTable(
         columns=columns,
         rows=rows,
@@ -398,12 +392,18 @@ def known_issue_notes(report: dict) -> list[str]:
 
 
 def cell_note(table: HostTable, row: Row, key: str) -> str:
-    """Why a marked cell is marked, for its tooltip (unescaped)."""
+    """Why a marked cell is marked (it differs, and/or a known issue affects its version), for its
+    tooltip (unescaped)."""
     known = row.known_for(key)
+    notes = [_differs_note(table, row, key)] if key in row.marked or not known else []
     if known:
         issues = "; ".join(f"{n['id']} ({n['title']}; fixed in {n['fixed_in']})" for n in known[:4])
         more = f"; {len(known) - 4} more" if len(known) > 4 else ""
-        return f"known issue{'s' if len(known) > 1 else ''} of this version: {issues}{more}"
+        notes.append(f"known issue{'s' if len(known) > 1 else ''} of this version: {issues}{more}")
+    return "\n".join(notes)
+
+
+def _differs_note(table: HostTable, row: Row, key: str) -> str:
     if key == "addresses" and row.duplicate_name:
         return ("several machines use this host name: its processes report different addresses on one interface")
     notes = []
