@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 import polars as pl
 
 from analyzer.bounds import MAX_WORLD_SIZE, bounded_str, int64, rank_number
-from analyzer.parse.budget import BudgetExceeded
+from analyzer.parse.budget import BudgetExceeded, address_space
 from analyzer.safepickle import CorruptPickleError, load_bounded
 
 from analyzer.exits import INPUT_ERRORS
@@ -643,6 +643,16 @@ def _audit_torch_zip(path: Path, size: int, mtime: float, *, use_torch: bool, ve
             return FileAudit("", size, mtime, False)  # a zip that is not a torch.save file (logs, TorchScript)
         prefix = pkl[0][: -len("data.pkl")]
         notes: list[str] = []
+        overlapping = _overlapping_members(archive.infolist())
+        if overlapping:
+            # torch.save writes each member once; entries sharing bytes are a zip bomb (20,000 names
+            # for one deflated member inflate terabytes), never a checkpoint.
+            return FileAudit("torch_zip", size, mtime, False,
+                             f"{overlapping} central-directory entries overlap other members' bytes: a crafted zip, "
+                             "not a torch.save file; not inflated", problem="corrupt")
+        inflated = sum(i.file_size for i in archive.infolist())
+        if verify_crc and inflated > CRC_BYTES_PER_FILE:  # the CRC budget counts inflated bytes, not the file's
+            verify_crc = False
         if verify_crc:
             try:
                 bad = archive.testzip()
@@ -670,6 +680,18 @@ def _audit_torch_zip(path: Path, size: int, mtime: float, *, use_torch: bool, ve
         if missing:
             return replace(audit, readable=False, reason=missing, problem="corrupt")
     return _maybe_torch_load(path, audit, use_torch=use_torch, mmap=True)
+
+
+def _overlapping_members(infos: list[zipfile.ZipInfo]) -> int:
+    """How many members start inside another member's bytes (local header + compressed data)."""
+    spans = sorted((i.header_offset, i.header_offset + 30 + len(i.orig_filename.encode("utf-8", "replace")) + i.compress_size)
+                   for i in infos)
+    overlapping, end = 0, -1
+    for start, stop in spans:
+        if start < end:
+            overlapping += 1
+        end = max(end, stop)
+    return overlapping
 
 
 def _structural(use_torch: bool) -> str:
@@ -846,8 +868,9 @@ def _audit_safetensors(path: Path, size: int, mtime: float) -> FileAudit:
                              f"truncated or corrupt: header length {header_len} exceeds the file ({size} bytes)",
                              problem="corrupt")
         try:
-            header = json.loads(fh.read(header_len))
-        except (ValueError, UnicodeDecodeError) as exc:
+            with address_space():  # a 100 MB header of `[[],[],...]` would build GBs of lists
+                header = json.loads(fh.read(header_len))
+        except (ValueError, UnicodeDecodeError, BudgetExceeded) as exc:
             return FileAudit("safetensors", size, mtime, False, f"corrupt header: {exc}", problem="corrupt")
     if not isinstance(header, dict):
         return FileAudit("safetensors", size, mtime, False, "corrupt header: not a JSON object", problem="corrupt")
@@ -858,7 +881,7 @@ def _audit_safetensors(path: Path, size: int, mtime: float) -> FileAudit:
             continue
         try:
             begin, stop = spec["data_offsets"]
-            numel = math.prod(spec["shape"])
+            numel = _numel(spec["shape"])
             per = _SAFETENSORS_DTYPE_BYTES.get(spec["dtype"])
         except (KeyError, TypeError, ValueError):
             bad.append(name)
@@ -882,6 +905,14 @@ def _audit_safetensors(path: Path, size: int, mtime: float) -> FileAudit:
         components = frozenset({"optimizer"})
     return FileAudit("safetensors", size, mtime, True, "", notes, "structure (safetensors header)", components,
                      tensor_names=frozenset(names))
+
+
+def _numel(shape: Any) -> int:
+    """Elements of a safetensors shape: a list of at most 16 int64 dims (`math.prod` of 64 dims of
+    4,000 digits each never ends); anything else raises ValueError, a bad entry."""
+    if not isinstance(shape, list) or len(shape) > 16 or not all(type(d) is int and 0 <= d < 1 << 63 for d in shape):
+        raise ValueError("not a shape")
+    return math.prod(shape)
 
 
 def sniff(path: Path) -> str:
@@ -979,10 +1010,23 @@ class _Auditor:
             size = path.stat().st_size
         except OSError:
             size = 0
-        verify = size <= CRC_BYTES_PER_FILE and size <= self.crc_left
+        inflated = max(size, _inflated_size(path))  # verifying a CRC reads the inflated bytes, not the file's
+        verify = inflated <= CRC_BYTES_PER_FILE and inflated <= self.crc_left
         if verify:
-            self.crc_left -= size
+            self.crc_left -= inflated
         return audit_file(path, use_torch=self.use_torch, verify_crc=verify)
+
+
+def _inflated_size(path: Path) -> int:
+    """The bytes a zip's members inflate to, by its central directory (0 for anything else)."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(4) != _ZIP_MAGIC:
+                return 0
+        with zipfile.ZipFile(path) as archive:
+            return sum(i.file_size for i in archive.infolist())
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError):
+        return 0
 
 
 def _step_from_name(*names: str) -> tuple[int | None, float | None]:

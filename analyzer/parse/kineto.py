@@ -30,8 +30,10 @@ from typing import Any, BinaryIO
 
 import polars as pl
 
+from analyzer.bounds import rank_number
 from analyzer.discover import InputFile
 from analyzer.events import EVENT_SCHEMA, UTC_TS, concat_events, conform, empty_events
+from analyzer.parse.budget import check_time
 
 BLOCK_BYTES = 16 << 20  # one read; a block of events is split and screened at a time
 HEADER_LIMIT = 64 << 20  # top-level keys before `traceEvents` (deviceProperties, distributedInfo)
@@ -45,6 +47,8 @@ TRAILER_LIMIT = 64 << 20
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 _SEPARATOR = re.compile(rb"\}\s*,\s*\{")
 _SEPARATOR_TEXT = re.compile(r"\}\s*,\s*\{")
+_SEPARATOR_SPAN = 4096  # a separator straddling two reads is found again from this far back
+MAX_EVENT_BYTES = 64 << 20  # no real event comes near; a "trace" without a boundary in this much is refused
 
 # Only these categories matter to the timeline; everything else (cpu_op, python_function, flows) is
 # dropped inside the block reader.
@@ -118,7 +122,9 @@ def iter_trace_blocks(fh: BinaryIO, meta: TraceMeta, block_bytes: int = BLOCK_BY
         buf += chunk
     meta.header = _loads_members(buf[: match.start()])
     pos = match.end()
+    searched = 0  # bytes at the start of the carried-over buffer known to hold no separator
     while True:
+        check_time()
         chunk = fh.read(block_bytes)
         meta.bytes_read += len(chunk)
         if not chunk:
@@ -128,26 +134,32 @@ def iter_trace_blocks(fh: BinaryIO, meta: TraceMeta, block_bytes: int = BLOCK_BY
             return
         buf = buf[pos:] + chunk
         pos = 0
-        cut = _last_separator(buf)
+        cut = _last_separator(buf, searched)
         if cut is None:
-            continue  # one event longer than a block: read on
+            if len(buf) > MAX_EVENT_BYTES:
+                raise TraceFormatError(f"no event boundary in {len(buf) >> 20} MB: one event longer than the "
+                                       f"{MAX_EVENT_BYTES >> 20} MB limit, or not a trace")
+            searched = max(0, len(buf) - _SEPARATOR_SPAN)  # one event longer than a block: read on, searching only the new bytes
+            continue
         yield _decode_block(buf[:cut], meta)
-        pos = cut
+        pos, searched = cut, 0
 
 
-def _last_separator(buf: bytes) -> int | None:
-    """Offset just after the `}` of the last event boundary in `buf`, or None."""
+def _last_separator(buf: bytes, searched: int = 0) -> int | None:
+    """Offset just after the `}` of the last event boundary in `buf[searched:]`, or None. Searched
+    backwards from the end in growing windows, so the usual case reads 1 MB and none reads the
+    bytes before `searched` again (a trace without any separator costs one pass, not one per block)."""
     window = 1 << 20
-    start = max(0, len(buf) - window)
+    start = max(searched, len(buf) - window)
     while True:
         last = None
         for last in _SEPARATOR.finditer(buf, start):
             pass
         if last is not None:
             return last.start() + 1
-        if start == 0:
+        if start == searched:
             return None
-        start = max(0, start - window * 8)
+        start = max(searched, start - window * 8)
 
 
 def _decode_block(block: bytes, meta: TraceMeta) -> pl.DataFrame:
@@ -254,16 +266,17 @@ def _keep(raw: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("cat").is_in(API_CATEGORIES) & pl.col("name").str.contains(_ALLOC_CALLS))
         .then(pl.lit("api"))
     )
-    start = (pl.col("ts") * 1000.0).round(0).cast(pl.Int64)
+    # strict=False: a timestamp of 1e400 (inf) or past int64 is an invalid value on its event, never an error.
+    start = (pl.col("ts") * 1000.0).round(0).cast(pl.Int64, strict=False)
     return (
         raw.filter(pl.col("ph") == "X")
         .select(
             kind.alias("kind"),
             pl.col("name"),
             start.alias("start"),
-            (start + (pl.col("dur").fill_null(0.0) * 1000.0).round(0).cast(pl.Int64)).alias("end"),
-            pl.col("args").struct.field("device").cast(pl.Int64).alias("device"),
-            pl.col("args").struct.field("stream").cast(pl.Int64).alias("stream"),
+            (start + (pl.col("dur").fill_null(0.0) * 1000.0).round(0).cast(pl.Int64, strict=False)).alias("end"),
+            pl.col("args").struct.field("device").cast(pl.Int64, strict=False).alias("device"),
+            pl.col("args").struct.field("stream").cast(pl.Int64, strict=False).alias("stream"),
         )
         .filter(pl.col("kind").is_not_null() & pl.col("start").is_not_null())
         .with_columns(pl.col("kind").cast(pl.Categorical), pl.col("name").cast(pl.Categorical))
@@ -332,7 +345,8 @@ def parse_kineto(item: InputFile) -> pl.DataFrame:
 
 
 def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A rank or world size from distributedInfo; past any real job (or not a number) it is None."""
+    return rank_number(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _base_ns(meta: TraceMeta, gpu: pl.DataFrame) -> int | None:
@@ -383,7 +397,7 @@ def summarize_timeline(
     )
     marks = marks.with_columns(pl.col("name").cast(pl.String))
     steps = (
-        marks.with_columns(pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64).alias("step"))
+        marks.with_columns(pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64, strict=False).alias("step"))
         .filter(pl.col("step").is_not_null() & (pl.col("end") > pl.col("start")))
         .sort("unit", "step", pl.col("end") - pl.col("start"), descending=[False, False, True])
         .unique(["unit", "step"], keep="first", maintain_order=True)

@@ -31,11 +31,17 @@ from pathlib import Path
 
 import polars as pl
 
+from analyzer.bounds import cap_text, int64
 from analyzer.discover import InputFile, iter_text_chunks
 from analyzer.events import empty_events, events_from_records
+from analyzer.parse.budget import check_time, time_left
 from analyzer.parse.kineto import FREE_CALLS, MALLOC_CALLS, NCCL_KERNEL, STEP_NAME, summarize_timeline
 
-FETCH_ROWS = 500_000
+FETCH_ROWS = 100_000
+# Rows read from one table: a GPU timeline of a few profiled steps is well under a million kernels;
+# past this the export is cut (and the row says so) instead of growing memory without bound.
+MAX_ROWS = 2_000_000
+MAX_TEXT_CHARS = 4096  # kernel names, NVTX texts: cut inside the SELECT
 MAX_SQLITE_BYTES = 16 << 30
 _REQUIRED_TABLES = ("StringIds",)
 _GPU_TABLES = (
@@ -59,10 +65,22 @@ def parse_nsys_sqlite(item: InputFile) -> pl.DataFrame:
     with _sqlite_file(item) as path:
         # Read-only and immutable: sqlite writes no journal or lock file next to the export.
         con = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro&immutable=1", uri=True)
+        # Every query is interrupted once the input's time budget is spent (a crafted view, trigger
+        # or expression cannot make one SELECT run for hours).
+        con.set_progress_handler(_over_time, 20_000)
         try:
             return _read_export(con, item)
+        except sqlite3.OperationalError as exc:
+            if "interrupted" in str(exc):
+                check_time()
+            raise
         finally:
             con.close()
+
+
+def _over_time() -> int:
+    left = time_left()
+    return 1 if left is not None and left <= 0 else 0
 
 
 @contextlib.contextmanager
@@ -86,31 +104,54 @@ def _sqlite_file(item: InputFile) -> Iterator[str]:
             Path(tmp).unlink()
 
 
-def _tables(con: sqlite3.Connection) -> set[str]:
-    return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+def _tables(con: sqlite3.Connection, notes: list[str]) -> set[str]:
+    """The plain tables of the export. nsys writes no virtual tables and no generated columns: a
+    table with either (computed by the reader, at any cost per row) is left unread, and noted."""
+    tables = set()
+    for name, sql in con.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'"):
+        if (sql or "").lstrip().upper().startswith("CREATE VIRTUAL"):
+            notes.append(f"virtual table {name} not read")
+            continue
+        generated = [row[1] for row in con.execute("SELECT * FROM pragma_table_xinfo(?)", (name,)) if row[6] in (2, 3)]
+        if generated:
+            notes.append(f"table {name} has generated column(s) {', '.join(generated[:3])}: not read")
+            continue
+        tables.add(name)
+    return tables
 
 
-def _frame(con: sqlite3.Connection, sql: str, schema: dict[str, pl.DataType], params: tuple = ()) -> pl.DataFrame:
-    """A query's rows, fetched in batches into polars (never one Python object per row kept)."""
-    cursor = con.execute(sql, params)
-    frames = []
+def _frame(con: sqlite3.Connection, sql: str, schema: dict[str, pl.DataType], params: tuple = (),
+           notes: list[str] | None = None) -> pl.DataFrame:
+    """A query's rows (at most MAX_ROWS), fetched in batches into polars (never one Python object
+    per row kept). A value of another type than its column's (SQLite does not enforce them) is null."""
+    cursor = con.execute(f"{sql} LIMIT {MAX_ROWS + 1}", params)
+    frames, count = [], 0
     while rows := cursor.fetchmany(FETCH_ROWS):
-        frames.append(pl.DataFrame(rows, schema=schema, orient="row"))
-    return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+        check_time()
+        count += len(rows)
+        frames.append(pl.DataFrame(rows, schema=schema, orient="row", strict=False))
+    frame = pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+    if count > MAX_ROWS:
+        if notes is not None:
+            notes.append(f"read the first {MAX_ROWS:,} rows of a query: {sql.split(' FROM ')[-1].split()[0]} holds more")
+        frame = frame.head(MAX_ROWS)
+    return frame
 
 
 def _read_export(con: sqlite3.Connection, item: InputFile) -> pl.DataFrame:
-    tables = _tables(con)
+    notes: list[str] = []
+    tables = _tables(con, notes)
     if not set(_REQUIRED_TABLES) <= tables or not any(t in tables for t, _ in _GPU_TABLES):
-        raise NotNsysExport("SQLite database without Nsight Systems CUPTI tables (not an nsys export)")
-    names = _frame(con, "SELECT id, value FROM StringIds", {"name_id": pl.Int64, "name": pl.String})
+        raise NotNsysExport("; ".join(["SQLite database without Nsight Systems CUPTI tables (not an nsys export)", *notes]))
+    names = _frame(con, f"SELECT id, substr(value, 1, {MAX_TEXT_CHARS}) FROM StringIds", {"name_id": pl.Int64, "name": pl.String},
+                   notes=notes)
     gpu_schema = {"start": pl.Int64, "end": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "gpid": pl.Int64, "name_id": pl.Int64}
     parts = []
     for table, kind in _GPU_TABLES:
         if table not in tables:
             continue
         name_col = "shortName" if kind == "kernel" else "NULL"
-        part = _frame(con, f"SELECT start, end, deviceId, streamId, globalPid, {name_col} FROM {table}", gpu_schema)
+        part = _frame(con, f"SELECT start, end, deviceId, streamId, globalPid, {name_col} FROM {table}", gpu_schema, notes=notes)
         parts.append(part.with_columns(pl.lit(kind).alias("kind")))
     gpu = pl.concat(parts) if parts else pl.DataFrame(schema={**gpu_schema, "kind": pl.String})
     if gpu.height == 0:
@@ -136,6 +177,8 @@ def _read_export(con: sqlite3.Connection, item: InputFile) -> pl.DataFrame:
     )
     if units.height == 1 and item.rank_hint is not None:
         units = units.with_columns(pl.lit(item.rank_hint, dtype=pl.Int64).alias("rank"))
+    if notes:
+        item.reason = "; ".join(notes)
     return summarize_timeline(gpu, marks, api, units, source="nsys", file=item.path)
 
 
@@ -163,7 +206,8 @@ def _nvtx(con: sqlite3.Connection, tables: set[str], names: pl.DataFrame, proces
         return pl.DataFrame(schema={"unit": pl.Int64, "name": pl.String, "start": pl.Int64, "end": pl.Int64})
     rows = _frame(
         con,
-        "SELECT start, end, globalTid, text, textId FROM NVTX_EVENTS WHERE end IS NOT NULL AND eventType IN (?, ?)",
+        f"SELECT start, end, globalTid, substr(text, 1, {MAX_TEXT_CHARS}), textId FROM NVTX_EVENTS "
+        "WHERE end IS NOT NULL AND eventType IN (?, ?)",
         schema,
         _NVTX_RANGES,
     )
@@ -206,7 +250,7 @@ def _host(con: sqlite3.Connection, tables: set[str]) -> str | None:
     if "TARGET_INFO_SYSTEM_ENV" in tables:
         row = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1").fetchone()
         if row and row[0]:
-            return str(row[0])
+            return cap_text(str(row[0]), 256)
     return None
 
 
@@ -214,7 +258,7 @@ def _session_start(con: sqlite3.Connection, tables: set[str]) -> int | None:
     if "TARGET_INFO_SESSION_START_TIME" in tables:
         row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
         if row and row[0]:
-            return int(row[0])
+            return int64(row[0])
     return None
 
 
