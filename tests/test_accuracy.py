@@ -28,6 +28,9 @@ UNDECIDABLE_DECOYS = {
     "132-nccl221-remote-exited-ib-faulty-nodes": "one surviving rank's `remote process exited` with a socket reset from its "
                                                  "peer and nothing else: the InfiniBand fault was on other nodes whose logs "
                                                  "were not posted; the verdict's advice names peer exits and the fabric",
+    "182-detectron2-two-node-slow-no-ibverbs-socket": "the excerpt shows the NCCL init lines of one host only; that the run "
+                                                      "spans two nodes (which makes `Using network Socket` the slowdown) is "
+                                                      "only in the thread's prose, and on one node sockets are never used",
 }
 
 
