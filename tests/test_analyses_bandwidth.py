@@ -51,6 +51,8 @@ def test_nvls_row():
     ("p2p-pcie-gen4", ("p2p", "NVIDIA GeForce RTX 4090"), 20.0),
     ("p2p-pcie-gen5", ("p2p", "NVIDIA H100 PCIe"), 28.0),
     ("shm", ("shm", "NVIDIA GeForce RTX 4090"), 10.0),
+    ("shm", ("shm", "NVIDIA A100-SXM4-80GB"), 10.0),  # P2P disabled on an NVLink machine: its PCIe Gen4 host link
+    ("shm", ("shm", "NVIDIA H100 80GB HBM3"), 14.0),
     ("net-ib", ("net-ib", None), None),
     ("net-socket", ("net-socket", None), None),
 ])

@@ -86,10 +86,9 @@ def expected_busbw(transport: str, gpu: str | None, *, nvls: bool = False, ib_gb
         return row["busbw"], row["link"]
     pcie = next((t for t in table["transport"] if t.get("pcie_gen") == pcie_gen), None) if pcie_gen else None
     if transport == "shm":
-        base = pcie["busbw"] if pcie else row.get("busbw")
-        if base is None:
+        if pcie is None:
             return None, "SHM on a GPU of unknown PCIe generation"
-        return base * transport_row("shm")["share_of_pcie"], f"SHM staged through host memory ({row['link']})"
+        return pcie["busbw"] * transport_row("shm")["share_of_pcie"], f"SHM staged through host memory (PCIe Gen{pcie_gen})"
     if pcie:
         return pcie["busbw"], f"P2P over {row['link']}"
     return None, "a link the table does not know"
