@@ -4,6 +4,11 @@ Environment and hardware causes and the first failing rank outrank symptoms: the
 timeouts on healthy ranks are symptoms of the rank that never arrived. The order is: role
 (cause > context > symptom), then the rule's causal priority, then confidence, then the earliest
 evidence. When the best finding is only a symptom, the verdict says the culprit is unknown.
+
+Cause over symptom from the same log: a rule with `cause_of = [ids]` (the set interface beside
+`no socket interface found`, the sizes of an OOM that show fragmentation) is kept by detect only
+beside one of those findings; here every finding it explains ranks below it, whatever its own
+severity or priority, and names it in `caused_by`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class Decision:
 def decide(findings: pl.DataFrame, rules: dict[str, Rule]) -> Decision:
     if findings.height == 0:
         return Decision(findings, None)
+    explained_by = _explained_by(findings, rules)
     meta = pl.DataFrame(
         {
             "rule_id": list(rules),
@@ -41,19 +47,67 @@ def decide(findings: pl.DataFrame, rules: dict[str, Rule]) -> Decision:
         .with_columns(
             pl.col("role").replace_strict(_ROLE_ORDER, default=3).alias("_role"),
             pl.col("severity").replace_strict(_SEVERITY_ORDER, default=3).alias("_sev"),
+            pl.col("priority").alias("_prio"),
             # A finding that names its culprit beats an equally ranked one that cannot.
             ((pl.col("ranks").list.len() > 0) | (pl.col("hosts").list.len() > 0)).alias("_named"),
         )
+    )
+    ranked = (
+        _promote_causes(ranked, explained_by)
         .sort(
-            ["_sev", "_role", "priority", "confidence", "_named", "first_event", "rule_id", "summary"],
+            ["_sev", "_role", "_prio", "confidence", "_named", "first_event", "rule_id", "summary"],
             descending=[False, False, True, True, True, False, False, False],
             nulls_last=True,
             maintain_order=True,
         )
-        .drop("_role", "_sev", "_named")
+        .drop("_role", "_sev", "_prio", "_named")
     )
     top = ranked.row(0, named=True)
     verdict = rules[top["rule_id"]]
-    caused_by = pl.when((pl.col("rule_id") != verdict.id) & (pl.col("role") == "symptom")).then(pl.lit([verdict.id])).otherwise(pl.lit([], dtype=pl.List(pl.String)))
+    caused_by = (
+        pl.when(pl.col("rule_id").is_in(sorted(explained_by)))
+        .then(pl.col("rule_id").replace_strict({k: sorted(v) for k, v in explained_by.items()}, default=None, return_dtype=pl.List(pl.String)))
+        .when((pl.col("rule_id") != verdict.id) & (pl.col("role") == "symptom"))
+        .then(pl.lit([verdict.id]))
+        .otherwise(pl.lit([], dtype=pl.List(pl.String)))
+    )
     ranked = ranked.with_columns(caused_by.alias("caused_by"))
     return Decision(ranked, verdict)
+
+
+def _promote_causes(ranked: pl.DataFrame, explained_by: dict[str, set[str]]) -> pl.DataFrame:
+    """A cause takes the place of the best symptom it explains, just above it (one finding per rule: few rows)."""
+    if not explained_by:
+        return ranked
+    keys = {r["rule_id"]: (r["_sev"], r["_role"], r["_prio"]) for r in ranked.select("rule_id", "_sev", "_role", "_prio").iter_rows(named=True)}
+    promoted: dict[str, tuple[int, int, int]] = {}
+    for symptom, causes in explained_by.items():
+        sev, role, priority = keys[symptom]
+        for cause in causes:
+            own = promoted.get(cause, keys[cause])
+            promoted[cause] = min(own, (sev, min(role, own[1]), priority + 1), key=lambda k: (k[0], k[1], -k[2]))
+    table = pl.DataFrame(
+        {"rule_id": list(promoted), "_p_sev": [k[0] for k in promoted.values()], "_p_role": [k[1] for k in promoted.values()],
+         "_p_priority": [k[2] for k in promoted.values()]},
+        schema={"rule_id": pl.String, "_p_sev": pl.Int64, "_p_role": pl.Int64, "_p_priority": pl.Int64},
+    )
+    return (
+        ranked.join(table, on="rule_id", how="left")
+        .with_columns(
+            pl.coalesce("_p_sev", "_sev").alias("_sev"),
+            pl.coalesce("_p_role", "_role").alias("_role"),
+            pl.coalesce("_p_priority", "_prio").alias("_prio"),
+        )
+        .drop("_p_sev", "_p_role", "_p_priority")
+    )
+
+
+def _explained_by(findings: pl.DataFrame, rules: dict[str, Rule]) -> dict[str, set[str]]:
+    """Each symptom present, mapped to the present causes that explain it (`cause_of`)."""
+    fired = set(findings.get_column("rule_id").to_list())
+    explained_by: dict[str, set[str]] = {}
+    for rule_id in fired:
+        for symptom in rules[rule_id].cause_of if rule_id in rules else ():
+            if symptom in fired:
+                explained_by.setdefault(symptom, set()).add(rule_id)
+    return explained_by

@@ -45,7 +45,13 @@ def detect(events: pl.DataFrame, job: JobContext, rules: tuple[Rule, ...] | None
 
 
 def _without_needless_fallbacks(findings: pl.DataFrame, rules: tuple[Rule, ...]) -> pl.DataFrame:
-    """A fallback signature ("errors nothing explains") only speaks when no other one did."""
+    """A fallback signature ("errors nothing explains") only speaks when no other one did.
+
+    A cause that names its symptoms (`cause_of`) is kept only beside one of them.
+    """
+    fired = set(findings.get_column("rule_id").to_list())
+    lonely = sorted(r.id for r in rules if r.cause_of and r.id in fired and not set(r.cause_of) & fired)
+    findings = findings.filter(~pl.col("rule_id").is_in(lonely))
     fallback_ids = sorted(r.id for r in rules if r.fallback)
     is_fallback = pl.col("rule_id").is_in(fallback_ids)
     if findings.filter(~is_fallback).height:

@@ -34,7 +34,7 @@ ROLES = frozenset({"cause", "symptom", "context"})
 ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "none"})
 TOP_KEYS = frozenset(
     {"id", "title", "category", "severity", "role", "priority", "confidence", "attribution", "explanation",
-     "remediation", "references", "match", "analysis", "tests", "fallback"}
+     "remediation", "references", "match", "analysis", "tests", "fallback", "cause_of"}
 )
 MATCH_KEYS = frozenset({"kinds", "anywhere", "message", "message_all", "message_not", "detail", "detail_not", "code", "severity"})
 TEST_KEYS = frozenset({"must_match", "must_not_match", "fixtures", "known_gaps"})
@@ -61,6 +61,8 @@ class Rule:
     match: dict = field(default_factory=dict)
     analysis: str | None = None
     fallback: bool = False  # reported only when no other signature fired
+    # The symptoms this cause explains: reported only beside one of them, and then ranked above them.
+    cause_of: tuple[str, ...] = ()
     tests: dict = field(default_factory=dict)
 
     def expression(self) -> pl.Expr:
@@ -140,6 +142,7 @@ def load_rule(path: Path) -> Rule:
         analysis=doc.get("analysis"),
         tests=tests,
         fallback=bool(doc.get("fallback", False)),
+        cause_of=tuple(doc.get("cause_of", ())),
     )
 
 
@@ -177,6 +180,10 @@ def catalogue(directory: str | None = None) -> tuple[Rule, ...]:
     ids = [r.id for r in rules]
     if len(ids) != len(set(ids)):
         raise RuleError("duplicate rule ids in the catalogue")
+    for rule in rules:
+        unknown = sorted(set(rule.cause_of) - set(ids))
+        if unknown:
+            raise RuleError(f"{rule.path.name}: cause_of names unknown rules {unknown}")
     return rules
 
 

@@ -78,7 +78,8 @@ def test_every_row_is_recognised_mid_file_as_its_category(tmp_path):
     wrong = [(rid, cat, got.get(2 * i + 2)) for i, (rid, cat, _) in enumerate(rows) if cat != "none" and got.get(2 * i + 2) != cat and not (cat == "other" and got.get(2 * i + 2))]
     assert not wrong, wrong[:10]
     benign_lines = {2 * i + 2 for i, (_, cat, _) in enumerate(rows) if cat == "none"}
-    assert not benign_lines & set(got)
+    assert all(got.get(line) == "none" for line in benign_lines)
+    assert set(events.filter(pl.col("kind") == "vocab.none").get_column("severity")) == {"info"}
     generic = events.filter(pl.col("kind") == "log.failure").get_column("line").to_list()
     assert not benign_lines & set(generic)
 
@@ -129,6 +130,11 @@ def test_never_silent_on_unknown_failure_wording(tmp_path):
     assert "handshake failed" in report["verdict"]["evidence"][0]["text"]
 
 
+def test_a_job_of_benign_lines_is_read_and_clean(tmp_path):
+    (tmp_path / "out.log").write_text("libibverbs: Warning: couldn't load driver 'libipathverbs-rdmav34.so': libipathverbs-rdmav34.so: cannot open shared object file: No such file or directory\n")
+    assert analyze(str(tmp_path)).report["verdict"]["category"] == "none"
+
+
 def test_benign_lines_keep_a_healthy_run_silent(tmp_path):
     report = job(tmp_path, [
         "node-1:100:200 [0] NCCL INFO Failed to open libibverbs.so[.1]",
@@ -138,3 +144,43 @@ def test_benign_lines_keep_a_healthy_run_silent(tmp_path):
         "#       size         count      type   redop    root     time   algbw   busbw  error     time   algbw   busbw  error",
     ])
     assert report["verdict"]["category"] == "none", report["findings"]
+
+
+# --- cause over symptom (decide: `cause_of`) ----------------------------------------------------------
+
+NO_INTERFACE = "node-1:100:200 [0] NCCL INFO Bootstrap : no socket interface found"
+OLD_OOM = ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity; "
+           "60.00 GiB already allocated; 1.50 GiB free; 75.00 GiB reserved in total by PyTorch)")
+
+
+def test_the_interface_setting_beside_no_interface_found_is_the_cause(tmp_path):
+    report = job(tmp_path, ["node-1:100:200 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth7", NO_INTERFACE])
+    assert report["verdict"]["category"] == "wrong_network_interface"
+    symptom = next(f for f in report["findings"] if f["rule_id"] == "nccl-no-socket-interface")
+    assert symptom["caused_by"] == ["nccl-socket-ifname-names-no-interface"]
+
+
+def test_no_interface_found_without_the_setting_stays_an_init_failure(tmp_path):
+    assert job(tmp_path, [NO_INTERFACE])["verdict"]["category"] == "nccl_init_failure"
+
+
+def test_the_interface_setting_alone_is_no_finding(tmp_path):
+    report = job(tmp_path, ["export NCCL_SOCKET_IFNAME=eth7"])
+    assert report["verdict"]["category"] == "none" and not report["findings"]
+
+
+def fragmentation_found(tmp_path, name: str, line: str) -> bool:
+    (tmp_path / name).mkdir()
+    report = job(tmp_path / name, [line])
+    assert report["verdict"]["category"] == "cuda_oom_on_some_ranks"  # the OOM stays the verdict (cases 022, 148)
+    return any(f["rule_id"] == "memory-oom-reserved-unallocated" for f in report["findings"])
+
+
+def test_old_oom_wording_with_reserved_minus_allocated_over_the_request_shows_fragmentation(tmp_path):
+    assert fragmentation_found(tmp_path, "old", OLD_OOM)
+
+
+def test_old_oom_wording_with_little_reserved_or_a_request_the_card_cannot_hold_is_no_fragmentation(tmp_path):
+    assert not fragmentation_found(tmp_path, "little", OLD_OOM.replace("75.00 GiB reserved", "61.00 GiB reserved"))
+    whole_card = OLD_OOM.replace("Tried to allocate 2.00 GiB", "Tried to allocate 20.00 GiB")
+    assert not fragmentation_found(tmp_path, "card", whole_card)

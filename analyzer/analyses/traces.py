@@ -437,13 +437,20 @@ def _bytes(pattern: str) -> pl.Expr:
 def oom_reserved_unallocated(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     lines = events.filter(
         pl.col("kind").is_in(["traceback.exception", "cuda.error", "log.error", "nccl.warn"])
-        & pl.col("message").str.contains("reserved by PyTorch but unallocated")
+        & pl.col("message").str.contains("reserved by PyTorch but unallocated|reserved in total by PyTorch")
     )
     if lines.height == 0:
         return findings_frame([])
+    # PyTorch < 2.1 prints no unallocated clause: reserved in total minus already allocated is the same
+    # amount, counted only when the request would have fit on the card beside what was allocated.
+    allocated = _bytes(rf"{_AMOUNT} already allocated")
+    request = _bytes(rf"Tried to allocate {_AMOUNT}")
+    old_wording = pl.when(allocated + request <= _bytes(rf"{_AMOUNT} total capacity")).then(
+        _bytes(rf"{_AMOUNT} reserved in total by PyTorch") - allocated
+    )
     measured = lines.with_columns(
-        _bytes(rf"Tried to allocate {_AMOUNT}").alias("request"),
-        _bytes(rf"{_AMOUNT} is reserved by PyTorch but unallocated").alias("unallocated"),
+        request.alias("request"),
+        pl.coalesce(_bytes(rf"{_AMOUNT} is reserved by PyTorch but unallocated"), old_wording).alias("unallocated"),
     ).filter(
         pl.col("request").is_not_null()
         & (pl.col("unallocated") >= pl.col("request"))

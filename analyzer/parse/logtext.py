@@ -172,12 +172,12 @@ def _count_lines(pieces: list[TextPiece], lines: pl.DataFrame, kept: pl.DataFram
 
 
 def _vocabulary_hits(classified: pl.DataFrame) -> pl.DataFrame:
-    """One more event for each line a vocabulary row knows as a failure: kind `vocab.<category>`.
+    """One more event for each line a vocabulary row knows: kind `vocab.<category>`.
 
-    The line keeps its own kind too, so signatures written against it still see it.
+    The line keeps its own kind too, so signatures written against it still see it. A benign line
+    (`vocab.none`, severity info) is a known line that no signature matches.
     """
-    hit = pl.col("vocab_category").is_not_null() & (pl.col("vocab_category") != BENIGN)
-    return classified.filter(hit).with_columns((pl.lit(VOCAB_KIND_PREFIX) + pl.col("vocab_category")).alias("kind"))
+    return classified.filter(pl.col("vocab_category").is_not_null()).with_columns((pl.lit(VOCAB_KIND_PREFIX) + pl.col("vocab_category")).alias("kind"))
 
 
 def _classify(lines: pl.DataFrame) -> pl.DataFrame:
@@ -259,10 +259,10 @@ def _to_events(kept: pl.DataFrame, lines: pl.DataFrame, year_hint: int) -> pl.Da
 def _severity_expr() -> pl.Expr:
     # A vocabulary hit is a failure; a line the benign vocabulary knows is informational, whatever its level.
     vocab = (
-        pl.when(pl.col("kind").str.starts_with(VOCAB_KIND_PREFIX))
-        .then(pl.lit("error"))
-        .when(pl.col("vocab_category") == BENIGN)
+        pl.when(pl.col("vocab_category") == BENIGN)
         .then(pl.lit("info"))
+        .when(pl.col("kind").str.starts_with(VOCAB_KIND_PREFIX))
+        .then(pl.lit("error"))
     )
     by_kind = pl.col("kind").replace_strict(_KIND_SEVERITY, default=None)
     by_level = pl.coalesce("c_level", "g_level").replace_strict(
