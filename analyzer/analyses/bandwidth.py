@@ -153,6 +153,7 @@ def _peaks(results: pl.DataFrame, large: int) -> pl.DataFrame:
         pl.col("size").filter(pl.col("large")).max().alias("largest"),
         pl.col("event_id").filter(pl.col("large")).alias("large_events"),
         pl.col("event_id").filter(pl.col("oop_wrong").fill_null(0) + pl.col("ip_wrong").fill_null(0) > 0).alias("wrong_events"),
+        pl.col("size").filter(pl.col("oop_wrong").fill_null(0) + pl.col("ip_wrong").fill_null(0) > 0).alias("wrong_sizes"),
         (pl.col("oop_wrong").fill_null(0) + pl.col("ip_wrong").fill_null(0)).sum().alias("wrong"),
     )
 
@@ -283,8 +284,7 @@ def _wrong_results(events: pl.DataFrame, runs: pl.DataFrame) -> list[dict]:
     rows = []
     for run in bad.iter_rows(named=True):
         extra = oob.filter(pl.col("run") == run["run"]).get_column("event_id").to_list()
-        sizes = results_frame(events).filter(
-            pl.col("event_id").is_in(run["wrong_events"] or [])).get_column("size").to_list()
+        sizes = run["wrong_sizes"] or []
         what = f"{int(run['wrong'])} wrong elements at size(s) {', '.join(map(str, sizes[:6]))}" if sizes else \
             f"Out of bounds values: {run['out_of_bounds']}"
         rows.append(finding(

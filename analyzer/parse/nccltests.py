@@ -53,7 +53,6 @@ _DECOR = r"^#\s*(?:$|\(B\)|out-of-place|Using devices|Collective test|nccl-tests
 _LITERALS = ("nThread", "Rank", "size", "Out of bounds", "Avg bus", "failure", "_perf", "Collective test")
 MAX_LINES = 2_000_000  # an nccl-tests output is a few hundred lines; a huge file is not read past this
 
-_LEAD_NAMES = ("size", "count", "type", "redop", "root")
 _SIDE = ("time", "algbw", "busbw", "wrong")
 
 
