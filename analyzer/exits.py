@@ -21,6 +21,7 @@ import tarfile
 import zipfile
 import zlib
 
+import zstandard
 from lark.exceptions import LarkError
 from polars.exceptions import ComputeError, InvalidOperationError, NoDataError, PanicException
 
@@ -45,7 +46,7 @@ INPUT_ERRORS: tuple[type[BaseException], ...] = (
     # discovery's bomb caps.
     OSError, DecompressionLimit,
     # Containers and codecs.
-    zlib.error, lzma.LZMAError, tarfile.TarError, zipfile.BadZipFile, zipfile.LargeZipFile,
+    zlib.error, lzma.LZMAError, zstandard.ZstdError, tarfile.TarError, zipfile.BadZipFile, zipfile.LargeZipFile,
     pickle.UnpicklingError, struct.error, json.JSONDecodeError, sqlite3.Error,
     # A document nested deeper than the interpreter's stack, or too large to hold.
     RecursionError, MemoryError,

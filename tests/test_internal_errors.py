@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import zstandard
 from click.testing import CliRunner
 from lark.exceptions import UnexpectedCharacters
 from polars.exceptions import ComputeError, NoDataError, PanicException
@@ -59,6 +60,8 @@ def _caught(exc_type: type[BaseException]) -> BaseException:
             zlib.decompress(b"not zlib")
         elif exc_type is lzma.LZMAError:
             lzma.decompress(b"not xz")
+        elif exc_type is zstandard.ZstdError:
+            zstandard.ZstdDecompressor().decompress(b"not zstd")
         elif exc_type is pickle.UnpicklingError:
             pickle.loads(b"\x80\x05garbage")
         elif exc_type is struct.error:
@@ -78,7 +81,7 @@ def _caught(exc_type: type[BaseException]) -> BaseException:
     raise AssertionError(f"{exc_type} not raised")
 
 
-@pytest.mark.parametrize("exc_type", [zlib.error, lzma.LZMAError, pickle.UnpicklingError, struct.error,
+@pytest.mark.parametrize("exc_type", [zlib.error, lzma.LZMAError, zstandard.ZstdError, pickle.UnpicklingError, struct.error,
                                       json.JSONDecodeError, sqlite3.DatabaseError, EOFError, OSError, UnicodeError])
 def test_what_libraries_raise_on_bad_bytes_is_an_input_error(exc_type):
     exc = _caught(exc_type)
