@@ -125,8 +125,15 @@ _UNSAFE_MODULES = frozenset({
     "platform", "commands", "popen2", "urllib", "urllib2", "urllib3", "http", "ftplib", "smtplib", "telnetlib",
     "requests", "tempfile", "zipimport", "threading", "_thread", "dill", "joblib", "shelve", "sqlite3", "zipfile",
     "tarfile", "gc", "site", "venv", "ensurepip", "pip", "setuptools", "distutils", "pexpect", "paramiko", "fabric",
-    "yaml", "jinja2", "operator", "_operator",
+    "yaml", "jinja2", "operator", "_operator", "pkgutil", "inspect",
 })
+# Functions that resolve a name to any object or run a process, whatever module holds them
+# (`torch.utils.collect_env.run(cmd)`, `pkgutil.resolve_name("os:system")`, a project's `run_command`):
+# no checkpoint pickles a call of one. Classes (CamelCase) are never matched by these.
+_UNSAFE_CALLABLE = re.compile(
+    r"^(?:run|run_\w+|\w+_run|system|popen\w*|spawn\w*|exec\w*|eval\w*|call|check_call|check_output|getoutput|"
+    r"getstatusoutput|resolve_name|resolve|locate|import_module|import_string|load_module|find_spec|get_attr|"
+    r"attrgetter|methodcaller|dynamic_import|import_\w+)$")
 _UNSAFE_NAMES = {
     "builtins": frozenset({"eval", "exec", "execfile", "compile", "getattr", "setattr", "delattr", "__import__",
                            "open", "file", "input", "raw_input", "breakpoint", "globals", "locals", "vars", "apply",
@@ -135,7 +142,7 @@ _UNSAFE_NAMES = {
 }
 _UNSAFE_NAMES["__builtin__"] = _UNSAFE_NAMES["builtins"]
 _UNSAFE_NAMES["_io"] = _UNSAFE_NAMES["io"]
-_UNSAFE_TORCH = re.compile(r"^torch\.(?:load|hub\.|jit\.(?:load|_load)|package\.|utils\.cpp_extension\."
+_UNSAFE_TORCH = re.compile(r"^torch\.(?:load|hub\.|jit\.(?:load|_load)|package\.|utils\.cpp_extension\.|utils\.collect_env\."
                            r"|serialization\.load|_dynamo\.|_inductor\.|distributed\.rpc\.)")
 
 
@@ -145,7 +152,8 @@ def classify_global(qualname: str) -> str:
         return "allowed"
     module, _, name = qualname.rpartition(".")
     root = module.split(".", 1)[0]
-    if root in _UNSAFE_MODULES or _UNSAFE_TORCH.match(qualname) or name in _UNSAFE_NAMES.get(module, ()):
+    if root in _UNSAFE_MODULES or _UNSAFE_TORCH.match(qualname) or name in _UNSAFE_NAMES.get(module, ()) \
+            or _UNSAFE_CALLABLE.match(name):
         return "unsafe"
     return "unknown"
 
@@ -982,6 +990,7 @@ _TEMP_NAME = re.compile(r"(?i)(?:\.(?:tmp|temp|partial|part|incomplete|inprogres
 _TEMP_DIR = re.compile(r"(?i)^tmp[-_](?:checkpoint|ckpt)[-_]?\d+$")
 _CHECKPOINT_WORD = re.compile(r"(?i)ckpt|checkpoint|model|optim|sched|rng|weights|state|step|epoch|\.pt|\.pth|\.bin|\.safetensors|\.distcp|\.metadata")
 _SIBLING_DIR = re.compile(r"(?i)^(?:checkpoints?|ckpts?|ckpt[-_].*|checkpoint[-_].*|saved?[-_]?models?|weights|outputs?)$")
+_CHECKPOINT_DIR_WORD = re.compile(r"checkpoints?|ckpts?|outputs?|weights|saved?[-_]?models?")
 _HF_DIR = re.compile(r"^checkpoint[-_]\d+$")
 _HF_INDEX = re.compile(r"\.(?:safetensors|bin)\.index\.json$")
 _HF_SHARD = re.compile(r"^(.*)-(\d{5})-of-(\d{5})(\.safetensors|\.bin)$")
@@ -1427,33 +1436,47 @@ def _display(base: str, relative: str) -> str:
 
 def _walk(location: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
     """(directory, subdirectories, files) top-down, sorted; never following a link out of the tree."""
-    real_root = location.resolve()
+    real_root = _real(location)
     count = 0
     pending = [location]
     while pending:
         here = pending.pop()
-        dirs, files = [], []
+        dirs, files = _entries(here, real_root)
+        count += len(dirs) + len(files)
+        if count > MAX_WALK_FILES:
+            return
+        yield here, dirs, files
+        pending.extend(here / d for d in reversed(dirs))
+
+
+def _real(path: Path) -> Path | None:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # Python < 3.13 raises RuntimeError for a symlink loop
+        return None
+
+
+def _entries(here: Path, real_root: Path | None) -> tuple[list[str], list[str]]:
+    """A directory's subdirectories (links never followed) and files, a link counting only when it
+    names a file inside `real_root`: `model.pt -> /etc/shadow` is never opened nor stat'ed."""
+    dirs, files = [], []
+    try:
+        entries = sorted(os.scandir(here), key=lambda e: e.name)
+    except OSError:
+        return dirs, files
+    for entry in entries:
         try:
-            entries = sorted(os.scandir(here), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            count += 1
-            if count > MAX_WALK_FILES:
-                return
             if entry.is_dir(follow_symlinks=False):
                 dirs.append(entry.name)
             elif entry.is_symlink():
-                try:
-                    target = Path(entry.path).resolve()
-                except (OSError, RuntimeError):  # Python < 3.13 raises RuntimeError for a symlink loop
-                    continue
-                if target.is_file() and target.is_relative_to(real_root):
+                target = _real(Path(entry.path))
+                if real_root is not None and target is not None and target.is_relative_to(real_root) and target.is_file():
                     files.append(entry.name)
             elif entry.is_file(follow_symlinks=False):
                 files.append(entry.name)
-        yield here, dirs, files
-        pending.extend(here / d for d in reversed(dirs))
+        except OSError:
+            continue
+    return dirs, files
 
 
 def _dir_kind(directory: Path, files: list[str]) -> str | None:
@@ -1505,7 +1528,7 @@ def _audit_location(location: Path, base: str, recursive: bool, auditor: _Audito
             return [_temporary_record(base or location.name, location, auditor)]
         record = _file_record(base or location.name, location, auditor)
         return [record] if record else []
-    tree = list(_walk(location)) if recursive else [(location, [], sorted(f.name for f in location.iterdir() if f.is_file()))]
+    tree = list(_walk(location)) if recursive else [(location, [], _entries(location, _real(location))[1])]
     kinds = {d: _dir_kind(d, files) for d, _, files in tree}
     files_of = {d: files for d, _, files in tree}
     consumed: set[Path] = set()
@@ -1631,18 +1654,14 @@ def _pointer_records(pointers: dict[Path, tuple[str, str]], kinds: dict[Path, st
 
 
 def _locations(root: str | os.PathLike[str] | None, checkpoint_paths: Iterable[str]) -> list[tuple[Path, str, bool]]:
-    """Where to look: the job (a directory, or a file's directory at the top level only), its
-    checkpoint-named siblings, and every --checkpoint path."""
+    """Where to look: the job (a directory, or a file's directory at the top level only), the
+    checkpoint directories next to it that are its own (see `_own_siblings`), and every --checkpoint path."""
     found: list[tuple[Path, str, bool]] = []
     if root:
         path = Path(root)
         if path.is_dir():
             found.append((path, "", True))
-            parent = path.resolve().parent
-            for sibling in _listing(parent) if parent != path.resolve() else []:
-                if sibling.is_dir() and not sibling.is_symlink() and _SIBLING_DIR.match(sibling.name) \
-                        and sibling.resolve() != path.resolve():
-                    found.append((sibling, f"../{sibling.name}", True))
+            found += [(s, f"../{s.name}", True) for s in _own_siblings(path)]
         elif path.is_file():
             parent = path.parent
             found.append((parent, "", False))
@@ -1651,9 +1670,27 @@ def _locations(root: str | os.PathLike[str] | None, checkpoint_paths: Iterable[s
                     found.append((sibling, sibling.name, True))
     for extra in checkpoint_paths:
         path = Path(extra)
-        if path.exists():
+        if path.exists() or path.is_symlink():
             found.insert(0, (path, str(extra), True))
     return found
+
+
+def _own_siblings(job: Path) -> list[Path]:
+    """Checkpoint directories beside the job that are unambiguously its own: named after it
+    (`<job>-checkpoints`, `ckpt-<job>`), or checkpoint-named (`checkpoints`, `outputs`, `ckpt-*`) when
+    the parent holds no other job. Under a parent of many jobs a generic `outputs/` belongs to none
+    of them in particular: auditing it for each would put one job's findings in its neighbours' reports."""
+    real = _real(job)
+    if real is None or real.parent == real:
+        return []
+    siblings = [p for p in _listing(real.parent) if p.is_dir() and not p.is_symlink() and p.resolve() != real
+                and not p.name.startswith(".")]
+    job, word = re.escape(real.name), _CHECKPOINT_DIR_WORD.pattern
+    named = re.compile(rf"(?i)(?:(?:{word})[-_.]?{job}|{job}[-_.]?(?:{word}))(?:[-_.]?\d+)?")
+    own = [p for p in siblings if named.fullmatch(p.name)]
+    generic = [p for p in siblings if _SIBLING_DIR.match(p.name) and p not in own]
+    others = [p for p in siblings if p not in generic and p not in own]
+    return sorted(own if others else own + generic)
 
 
 def _listing(directory: Path) -> list[Path]:

@@ -313,21 +313,27 @@ def zip_overlapping_entries(job: Path, scale: float) -> str:
 # --- the checkpoint audit misled ----------------------------------------------------------------------
 
 
-def _reduce_pickle(module: str, name: str, *args: str) -> bytes:
-    """A protocol-2 pickle of {"model": {}, "step": 900, "x": module.name(*args)} built by opcodes (nothing imported)."""
-    call = b"c" + module.encode() + b"\n" + name.encode() + b"\n(" + b"".join(
-        b"X" + struct.pack("<I", len(a.encode())) + a.encode() for a in args) + b"tR"
-    return (b"\x80\x02}(X\x05\x00\x00\x00model}X\x04\x00\x00\x00stepM\x84\x03X\x01\x00\x00\x00x" + call + b"u.")
+def _reduce_pickle(module: str = "", name: str = "", *args: str, step: int = 900) -> bytes:
+    """A protocol-2 pickle of {"model": {"w": <a tensor>}, "step": step, "x": module.name(*args)} built
+    opcode by opcode (nothing is imported to write it); without `module`, no "x"."""
+    tensor = b"ctorch._utils\n_rebuild_tensor_v2\n)R"
+    body = (b"X\x05\x00\x00\x00model}X\x01\x00\x00\x00w" + tensor + b"s"
+            + b"X\x04\x00\x00\x00stepJ" + struct.pack("<i", step))
+    if module:
+        body += b"X\x01\x00\x00\x00xc" + module.encode() + b"\n" + name.encode() + b"\n(" + b"".join(
+            b"X" + struct.pack("<I", len(a.encode())) + a.encode() for a in args) + b"tR"
+    return b"\x80\x02}(" + body + b"u."
 
 
 def trojan_checkpoints(job: Path, scale: float) -> str:
     _companion(job)
     ckpt = job / "checkpoints"
     ckpt.mkdir()
-    (ckpt / "step_100.pt").write_bytes(pickle.dumps({"model": {"w": [1.0]}, "step": 100}, protocol=2))
+    (ckpt / "step_100.pt").write_bytes(_reduce_pickle(step=100))
     (ckpt / "step_900.pt").write_bytes(_reduce_pickle("torch.utils.collect_env", "run", "touch /tmp/pwned-collect-env"))
-    (ckpt / "step_901.pt").write_bytes(_reduce_pickle("pkgutil", "resolve_name", "os:system"))
-    (ckpt / "step_902.pt").write_bytes(_reduce_pickle("some_lib.models", "Net"))  # unknown class: not resumable unsaid
+    (ckpt / "step_901.pt").write_bytes(_reduce_pickle("pkgutil", "resolve_name", "os:system", step=901))
+    (ckpt / "step_902.pt").write_bytes(_reduce_pickle("some_lib.tools", "run_command", "id", step=902))
+    (ckpt / "step_903.pt").write_bytes(_reduce_pickle("some_lib.models", "Net", step=903))  # a class: unknown, said so
     return "rank0.stderr.log"
 
 
@@ -354,7 +360,7 @@ def sibling_jobs(job: Path, scale: float) -> str:
         (parent / name / "step_900.pt").write_bytes(_reduce_pickle("os", "system", "touch /tmp/pwned"))
     own = parent / f"{job.name}-checkpoints"
     own.mkdir(exist_ok=True)
-    (own / "step_5.pt").write_bytes(pickle.dumps({"model": {"w": [1.0]}, "step": 5}, protocol=2))
+    (own / "step_5.pt").write_bytes(_reduce_pickle(step=5))
     return "rank0.stderr.log"
 
 
