@@ -69,6 +69,11 @@ def decide(findings: pl.DataFrame, rules: dict[str, Rule]) -> Decision:
         .then(pl.col("rule_id").replace_strict({k: sorted(v) for k, v in explained_by.items()}, default=None, return_dtype=pl.List(pl.String)))
         .when((pl.col("rule_id") != verdict.id) & (pl.col("role") == "symptom"))
         .then(pl.lit([verdict.id]))
+        # A finding whose every evidence line is the verdict's evidence too is explained by it (the
+        # known bug of a version and the error line it produces; analyzer/analyses/known_issues.py).
+        .when((pl.col("rule_id") != verdict.id) & (pl.col("evidence").list.len() > 0)
+              & (pl.col("evidence").list.set_difference(pl.lit(top["evidence"], dtype=pl.List(pl.Int64))).list.len() == 0))
+        .then(pl.lit([verdict.id]))
         .otherwise(pl.lit([], dtype=pl.List(pl.String)))
     )
     ranked = ranked.with_columns(caused_by.alias("caused_by"))

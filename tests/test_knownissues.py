@@ -189,3 +189,24 @@ def test_known_issues_command(tmp_path):
     assert runner.invoke(main, ["known-issues"]).exit_code == 2
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "postmortem known-issues" in readme
+
+
+def test_the_known_issue_is_the_verdict_and_explains_the_symptom_finding(tmp_path):
+    """NCCL built for CUDA 12.4 on a driver of CUDA 11.8: the compatibility entry is the cause, and
+    the driver-too-old signature on the same line is its symptom (caused_by)."""
+    from analyzer.api import analyze
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "log.txt").write_text(
+        f"{HOST}:100:100 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+        f"{HOST}:100:100 [0] NCCL INFO cudaDriverVersion 11080\n"
+        f"{HOST}:100:101 [0] enqueue.cc:43 NCCL WARN Cuda failure 35 'CUDA driver version is insufficient for CUDA runtime version'\n",
+        encoding="utf-8",
+    )
+    report = analyze(job).report
+    assert report["verdict"]["rule_id"] == "known-issue-nccl-version-mismatch"
+    assert "compat-nccl-build-cuda-12-driver-api-below-12" in report["verdict"]["summary"]
+    assert report["verdict"]["culprit_hosts"] == [HOST]
+    symptom = next(f for f in report["findings"] if f["rule_id"] == "cuda-driver-too-old")
+    assert symptom["caused_by"] == ["known-issue-nccl-version-mismatch"]
