@@ -25,7 +25,7 @@ from analyzer.exits import INPUT_ERRORS
 from analyzer.parse import TEXT_FORMATS, parse_inputs
 from analyzer.rules import Rule, rules_by_id
 
-SCHEMA_VERSION = "1.1"  # 1.1: optional job.host_facts and checkpoints
+SCHEMA_VERSION = "1.2"  # 1.1: optional job.host_facts and checkpoints; 1.2: inputs[].capped
 MAX_EVIDENCE_LINES = 8
 
 _HANG_CATEGORIES = {"nccl_timeout", "rank_absent_from_collective", "collective_mismatch"}
@@ -217,9 +217,15 @@ def _verdict_doc(findings: list[dict], rule: Rule | None, inputs: list[InputFile
     }
 
 
+def _unseen(item: InputFile) -> bool:
+    """An input whose content may hold evidence that was not read: a cap cut it, or it could not be
+    read. (A file skipped for what it is, binary, empty, a checkpoint, is not evidence left unread.)"""
+    return item.capped or item.status == "error"
+
+
 def _not_read(inputs: list[InputFile]) -> str:
-    """For a clean verdict: the inputs it did not see (caps reached, unreadable, skipped), by reason."""
-    unread = [i for i in inputs if i.status not in _READ]
+    """For a clean verdict: the inputs it did not see in full (caps reached, unreadable), by reason."""
+    unread = [i for i in inputs if _unseen(i)]
     if not unread:
         return ""
     by_reason: dict[str, int] = {}
@@ -229,15 +235,15 @@ def _not_read(inputs: list[InputFile]) -> str:
     shown = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))[:NOT_READ_REASONS_SHOWN]
     listed = "; ".join(f"{n} {reason}" for reason, n in shown)
     more = f"; {len(by_reason) - len(shown)} other reason(s), see the inputs table" if len(by_reason) > len(shown) else ""
-    return (f" Not read: {len(unread)} of {len(inputs)} inputs ({listed}{more}); a failure recorded only there"
-            " would not be seen.")
+    return (f" Not read in full: {len(unread)} of {len(inputs)} inputs ({listed}{more}); a failure recorded only"
+            " there would not be seen.")
 
 
 def _outcome(verdict: dict, events: pl.DataFrame, inputs: list[InputFile]) -> str:
     category = verdict["category"]
     if category == "none":
-        # "ok" claims the run was healthy: not when an input could not be read.
-        return "ok" if events.height and not any(i.status == "error" for i in inputs) else "unknown"
+        # "ok" claims the run was healthy: not when a cap or a read error left evidence unread.
+        return "ok" if events.height and not any(_unseen(i) for i in inputs) else "unknown"
     if category in _HANG_CATEGORIES:
         return "hang"
     if category in _SLOW_CATEGORIES:
@@ -254,4 +260,5 @@ def _input_doc(item: InputFile) -> dict:
         "unparsed_lines": item.unparsed_lines,
         "status": item.status,
         "reason": item.reason,
+        "capped": item.capped,
     }

@@ -145,26 +145,24 @@ def test_every_healthy_run_is_still_none(job):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["verdict"]["category"] == "none" and report["job"]["outcome"] == "ok"
-    assert "Not read" not in report["verdict"]["summary"]
+    assert "Not read" not in report["verdict"]["summary"] and not any(i["capped"] for i in report["inputs"])
 
 
 def test_a_clean_verdict_names_what_a_cap_left_unread(tmp_path, monkeypatch):
     import analyzer.discover as discover
 
-    job = tmp_path / "job"
-    job.mkdir()
     for n, log in enumerate(sorted(HEALTHY.rglob("*.log"))):
-        (job / f"{n:02d}-{log.name}").write_bytes(log.read_bytes())
-    read = len(list(job.iterdir()))
-    (job / "zz-beyond-the-cap.log").write_bytes((CASE / "none_rvolrln4" / "attempt_0" / "0" / "stderr.log").read_bytes())
-    monkeypatch.setattr(discover, "MAX_FILES", read)
-    result = run("analyze", job, "--format", "json")
+        (tmp_path / f"{n:02d}-{log.name}").write_bytes(log.read_bytes())
+    total = len(list(tmp_path.iterdir()))
+    monkeypatch.setattr(discover, "MAX_FILES", total - 1)
+    result = run("analyze", tmp_path, "--format", "json")
     assert result.exit_code == 0
     report = json.loads(result.stdout)
-    (capped,) = [i for i in report["inputs"] if i["status"] == "skipped"]
-    assert f"Not read: 1 of {read + 1} inputs (1 skipped: {capped['reason']})" in report["verdict"]["summary"]
-    text = run("analyze", job).stdout
-    assert "Not read: 1 of" in text
+    (capped,) = [i for i in report["inputs"] if i["capped"]]
+    assert report["verdict"]["category"] == "none" and report["job"]["outcome"] == "unknown"
+    assert (f"Not read in full: 1 of {len(report['inputs'])} inputs (1 {capped['status']}: {capped['reason']})"
+            in report["verdict"]["summary"])
+    assert "Not read in full: 1 of" in run("analyze", tmp_path).stdout
 
 
 def test_a_clean_verdict_with_an_unreadable_input_is_not_ok(tmp_path):
@@ -176,7 +174,18 @@ def test_a_clean_verdict_with_an_unreadable_input_is_not_ok(tmp_path):
     assert report["verdict"]["category"] == "none"
     assert report["job"]["outcome"] == "unknown"
     (cut,) = [i for i in report["inputs"] if i["status"] == "error"]
-    assert f"Not read: 1 of {len(report['inputs'])} inputs (1 error: {cut['reason']})" in report["verdict"]["summary"]
+    assert f"Not read in full: 1 of {len(report['inputs'])} inputs (1 error: {cut['reason']})" in report["verdict"]["summary"]
+
+
+def test_files_skipped_for_what_they_are_leave_a_clean_verdict_clean(tmp_path):
+    for log in HEALTHY.rglob("*.log"):
+        (tmp_path / f"{log.parent.name}-{log.name}").write_bytes(log.read_bytes())
+    (tmp_path / "empty.log").write_bytes(b"")
+    (tmp_path / "core").write_bytes(bytes(range(256)) * 64)
+    report = json.loads(run("analyze", tmp_path, "--format", "json").stdout)
+    assert {i["status"] for i in report["inputs"]} == {"parsed", "skipped"}
+    assert report["verdict"]["summary"] == "No failure signature matched any input."
+    assert report["job"]["outcome"] == "ok"
 
 
 # --- output paths are checked before the work -------------------------------------------------------
