@@ -196,12 +196,12 @@ def rules_explain(rule_id: str) -> None:
 @rules.command("test")
 def rules_test() -> None:
     """Run every signature's own must-match / must-not-match lines; exit 1 on any failure."""
-    from analyzer.ruletests import run_rule_cases
+    from analyzer.ruletests import rule_cases, run_rule_cases
 
     failures = run_rule_cases()
     for failure in failures:
         click.echo(f"FAIL {failure}")
-    click.echo(f"{'ok' if not failures else f'{len(failures)} failing case(s)'}")
+    click.echo(f"{len(rule_cases())} cases run, {len(failures)} failed{'' if failures else ': ok'}")
     sys.exit(1 if failures else 0)
 
 

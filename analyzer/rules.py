@@ -118,6 +118,7 @@ def load_rule(path: Path) -> Rule:
         unknown = set(doc["match"]) - MATCH_KEYS
         if unknown:
             raise RuleError(f"{path.name}: unknown [match] keys {sorted(unknown)}")
+        _check_kinds(path, doc["match"])
         _check_patterns(path, doc["match"])
     tests = doc.get("tests", {})
     unknown = set(tests) - TEST_KEYS
@@ -159,6 +160,19 @@ def _paragraphs(text: str) -> str:
 def _check_member(path: Path, key: str, value: str, allowed: frozenset[str]) -> None:
     if value not in allowed:
         raise RuleError(f"{path.name}: {key} {value!r} is not one of {sorted(allowed)}")
+
+
+def _check_kinds(path: Path, match: dict) -> None:
+    """A misspelt kind or severity would silently never match: both are load errors."""
+    from analyzer.parse.line_kinds import known_kinds  # the parse stage's registry, read at load
+
+    for kind in match.get("kinds", []):
+        vocab_category = kind.removeprefix("vocab.") if kind.startswith("vocab.") else None
+        if kind not in known_kinds() and vocab_category not in CATEGORIES:
+            raise RuleError(f"{path.name}: [match].kinds {kind!r} is not a known event kind (grammars/line_kinds.toml or vocab.<category>)")
+    for severity in match.get("severity", []):
+        if severity not in SEVERITIES | {"fatal"}:
+            raise RuleError(f"{path.name}: [match].severity {severity!r} is not one of {sorted(SEVERITIES | {'fatal'})}")
 
 
 def _check_patterns(path: Path, match: dict) -> None:

@@ -1,7 +1,7 @@
 """Run each signature's own inline cases through the real parse + detect stages.
 
-A `must_match` line is written to a one-line log, parsed exactly as a job file would be, and the
-rule must fire on it; a `must_not_match` line must not make it fire. Used by `postmortem rules
+A `must_match` line is written mid-file (an ordinary line before and after it), parsed exactly as a
+job file would be, and the rule must fire on it; a `must_not_match` line must not make it fire. Used by `postmortem rules
 test` and by the parametrised pytest in tests/test_rules.py.
 """
 
@@ -16,9 +16,15 @@ from analyzer.parse import parse_inputs
 from analyzer.rules import Rule, catalogue
 
 
+# Each case is tested mid-file: a line kind whose prefilter misses the line would pass a one-line test
+# (a file's last line is always kept) and never fire inside a real log.
+BEFORE = "the job prints its first ordinary line"
+AFTER = "the job prints another ordinary line after it"
+
+
 def rule_fires_on(rule: Rule, text: str) -> bool:
     with tempfile.TemporaryDirectory(prefix="postmortem-rule-") as tmp:
-        Path(tmp, "case.log").write_text(text + "\n", encoding="utf-8")
+        Path(tmp, "case.log").write_text(f"{BEFORE}\n{text}\n{AFTER}\n", encoding="utf-8")
         inputs = discover(tmp)
         events, _ = correlate(parse_inputs(inputs), inputs)
     if events.height == 0:

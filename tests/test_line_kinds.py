@@ -106,3 +106,40 @@ def test_bad_pattern_and_missing_literal_fail(tmp_path):
     other.write_text("[[kind]]\nkind = 'x.z'\nseverity = 'info'\npattern = '[0-9]+'\nexamples = ['1']\n")
     with pytest.raises(LineKindError, match="no prefilter literal"):
         line_kinds(str(other))
+
+
+RULE = """id = "x-rule"
+title = "t"
+category = "other"
+severity = "error"
+role = "cause"
+priority = 1
+confidence = 0.5
+explanation = "e"
+remediation = "r"
+
+[match]
+kinds = ["{kind}"]
+severity = ["{severity}"]
+"""
+
+
+@pytest.mark.parametrize("kind,severity,message", [
+    ("nccl.warm", "error", "[match].kinds 'nccl.warm' is not a known event kind"),
+    ("vocab.gremlins", "error", "[match].kinds 'vocab.gremlins' is not a known event kind"),
+    ("nccl.warn", "loud", "[match].severity 'loud'"),
+])
+def test_a_rule_naming_an_unknown_kind_or_severity_fails_to_load(tmp_path, kind, severity, message):
+    from analyzer.rules import RuleError, load_rule
+
+    path = tmp_path / "x-rule.toml"
+    path.write_text(RULE.format(kind=kind, severity=severity))
+    with pytest.raises(RuleError, match=r"x-rule\.toml") as info:
+        load_rule(path)
+    assert message in str(info.value)
+
+
+def test_known_kinds_hold_every_registry_kind_and_the_emitted_ones():
+    from analyzer.parse.line_kinds import known_kinds
+
+    assert {k.kind for k in KINDS} <= known_kinds() and {"log.last", "c10d.error", "fr.entry"} <= known_kinds()

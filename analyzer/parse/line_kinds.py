@@ -53,9 +53,17 @@ def line_kinds(path: str | None = None) -> tuple[LineKind, ...]:
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise LineKindError(f"{source.name}: cannot be read as TOML: {exc}") from exc
     rows = doc.get("kind")
-    if not isinstance(rows, list) or not rows or set(doc) != {"kind"}:
-        raise LineKindError(f"{source.name}: expected only [[kind]] tables")
+    if not isinstance(rows, list) or not rows or not set(doc) <= {"kind", "emitted"}:
+        raise LineKindError(f"{source.name}: expected [[kind]] tables and an `emitted` list")
     return tuple(_row(source.name, i, row) for i, row in enumerate(rows, start=1))
+
+
+@cache
+def known_kinds(path: str | None = None) -> frozenset[str]:
+    """Every event kind a rule may name: the registry's line kinds and the kinds other parsers emit."""
+    source = Path(path) if path else data_dir("grammars") / "line_kinds.toml"
+    emitted = tomllib.loads(source.read_text(encoding="utf-8")).get("emitted", [])
+    return frozenset(k.kind for k in line_kinds(path)) | frozenset(emitted)
 
 
 def _row(name: str, index: int, row: dict) -> LineKind:
