@@ -11,7 +11,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analyzer.analyses import JobContext
 from analyzer.analyses.known_issues import known_issues
 from analyzer.correlate import correlate
 from analyzer.discover import discover
