@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 
 from analyzer import __version__
-from analyzer.exits import (  # noqa: F401 - EXIT_* re-exported for analyzer.scan until it imports analyzer.exits
+from analyzer.exits import (
     EXIT_CANNOT_ANALYSE,
     EXIT_FAILURE_FOUND,
     EXIT_INTERNAL_ERROR,
