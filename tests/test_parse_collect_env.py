@@ -131,6 +131,9 @@ def test_a_plain_list_of_names_is_no_pip_listing(tmp_path):
     ("node-a:100:100 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.7.4-aws", "aws_ofi_nccl", "1.7.4-aws"),
     ("PyTorch version: 2.3.1+cu118", "cuda_runtime", "11.8"),
     ("CUDA used to build PyTorch: 12.4", "cuda_runtime", "12.4"),
+    ("| NVIDIA-SMI 535.104.05             Driver Version: 535.104.05   CUDA Version: 12.2     |", "driver_version", "535.104.05"),
+    ("| NVIDIA-SMI 535.104.05             Driver Version: 535.104.05   CUDA Version: 12.2     |", "cuda_driver", "12.2"),
+    ("node-a:100:100 [0] NCCL INFO cudaDriverVersion 12080", "cuda_driver", "12.8"),
 ])
 def test_version_lines_in_a_log(tmp_path, line, fact, value):
     log = NCCL_LINE + "node-a:100:100 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n" + line + "\nTraining step 10 loss 1.2\n"
