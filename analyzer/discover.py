@@ -66,8 +66,7 @@ STDIN_NAME = "<stdin>"  # how standard input is shown in the report
 
 GZIP_MAGIC = b"\x1f\x8b"
 XZ_MAGIC = b"\xfd7zXZ\x00"
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-# A zstd stream may open with a skippable frame (pzstd writes one): magic 0x184D2A50-5F.
+# zstd: a frame's magic, or a skippable frame's (0x184D2A50-5F, pzstd writes one first).
 _ZSTD_HEAD = re.compile(rb"\x28\xb5\x2f\xfd|[\x50-\x5f]\x2a\x4d\x18")
 # bzip2: "BZh", the block size digit, then a block's or the end-of-stream's magic (pi, sqrt(pi)).
 _BZIP2_HEAD = re.compile(rb"BZh[1-9](?:\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x50\x90)")
@@ -926,6 +925,8 @@ def _hold(item: InputFile, head: bytes, stream: io.IOBase, limit: int, budget: _
     budget.held += len(item._held)
     if cut:
         item.capped, item.reason = True, "; ".join(filter(None, [item.reason, cut]))
+
+
 def _classify(item: InputFile) -> None:
     try:
         head = item._head if item._head is not None else item.read_head()

@@ -430,3 +430,11 @@ def test_a_zip_member_over_the_bomb_ratio_is_not_inflated(tmp_path):
     inputs = {i.path: i for i in discover(tmp_path / "z.zip")}
     assert inputs["z.zip!zeros.log"].status == "skipped" and "possible zip bomb" in inputs["z.zip!zeros.log"].reason
     assert inputs["z.zip!rank0.log"].format == "text"
+
+
+def test_a_zstd_file_opening_with_a_skippable_frame_is_read(tmp_path):
+    skippable = b"\x50\x2a\x4d\x18" + (8).to_bytes(4, "little") + bytes(8)  # what pzstd writes first
+    (tmp_path / "p.log").write_bytes(skippable + COMPRESS["zstd"](CASE_LOG.read_bytes()))
+    (item,) = discover(tmp_path / "p.log")
+    with item.open_bytes() as fh:
+        assert (item.format, fh.read()) == ("text", CASE_LOG.read_bytes())
