@@ -111,7 +111,8 @@ def build_report(
     checkpoints: list[dict] | None = None,
 ) -> dict:
     by_id = events.select("event_id", "file", "line", "rank", "text").rows_by_key("event_id", named=True, unique=True)
-    findings = [_finding_doc(row, rules[row["rule_id"]], by_id) for row in ranked.iter_rows(named=True)]
+    shown: set[int] = set()  # each line is evidence once: under the best-ranked finding that cites it
+    findings = [_finding_doc(row, rules[row["rule_id"]], by_id, shown) for row in ranked.iter_rows(named=True)]
     verdict = _verdict_doc(findings, verdict_rule, inputs)
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -152,12 +153,15 @@ def _host_fact_records(events: pl.DataFrame, problems: list[str]) -> list[dict]:
     return host_fact_records(events)
 
 
-def _finding_doc(row: dict, rule: Rule, by_id: dict) -> dict:
+def _finding_doc(row: dict, rule: Rule, by_id: dict, shown: set[int]) -> dict:
+    """The finding as the report shows it; evidence lines already shown under a better-ranked
+    finding (ranked: verdict first, cause before symptom) are not repeated."""
+    fresh = [event_id for event_id in row["evidence"] if event_id not in shown and event_id in by_id][:MAX_EVIDENCE_LINES]
+    shown.update(fresh)
     evidence = []
-    for event_id in row["evidence"][:MAX_EVIDENCE_LINES]:
-        event = by_id.get(event_id)
-        if event:
-            evidence.append({"file": event["file"], "line": event["line"], "rank": event["rank"], "text": event["text"] or ""})
+    for event_id in fresh:
+        event = by_id[event_id]
+        evidence.append({"file": event["file"], "line": event["line"], "rank": event["rank"], "text": event["text"] or ""})
     return {
         "rule_id": rule.id,
         "category": rule.category,
