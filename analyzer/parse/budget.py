@@ -39,12 +39,14 @@ def memory_budget_text() -> str:
 
 
 @contextlib.contextmanager
-def address_space(extra: int = MEMORY_BUDGET_BYTES) -> Iterator[None]:
-    """At most `extra` more bytes of address space inside the block (RLIMIT_AS, soft limit only).
+def address_space(extra: int | None = None) -> Iterator[None]:
+    """At most `extra` (default MEMORY_BUDGET_BYTES) more bytes of address space inside the block
+    (RLIMIT_AS, soft limit only).
 
     Raises BudgetExceeded for a MemoryError inside the block. Where the limit cannot be read or set
     (not Linux, a lower hard limit), the block runs with whatever limit there is.
     """
+    extra = MEMORY_BUDGET_BYTES if extra is None else extra
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         with open("/proc/self/statm") as fh:
