@@ -295,7 +295,8 @@ def _torch_env_observations(text: pl.DataFrame) -> pl.DataFrame:
 def _memory_classes(obs: pl.DataFrame) -> pl.DataFrame:
     """Raw GiB figures from several sources become card classes: 79.15 GiB (what PyTorch can use)
     and 81920 MiB (what nvidia-smi prints) are the same 80 GiB card."""
-    raw = obs.filter(pl.col("fact") == "gpu_memory_gib")
+    # A figure past any real card (a 30-digit MiB count) is an invalid value on its line, not a class.
+    raw = obs.filter((pl.col("fact") == "gpu_memory_gib") & (pl.col("value").cast(pl.Float64, strict=False) < 1e6))
     if raw.height == 0:
         return obs
     sizes = (
