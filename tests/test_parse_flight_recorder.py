@@ -64,6 +64,7 @@ def test_timeout_dump_rank0_pickle():
     last = entries.row(1, named=True)
     assert last["message"].startswith("pg 0 #2 ALLREDUCE state=scheduled in=[[1024]] Float")
     assert "nccl:all_reduce" in last["message"]
+    assert last["text"] == last["message"], "evidence quotes the record, not the bare profiling name"
     assert last["detail"].startswith("all_reduce (/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py:3068) <- wrapper")
     assert last["detail"].endswith("<module> (/home/user/w.py:54)")
     assert last["ts_source"] == "flight_recorder"

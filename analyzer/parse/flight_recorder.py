@@ -278,6 +278,10 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
     out_dtypes = _dtype_column(entries, "output_dtypes")
     created = [_created_ns(e) for e in entries]
     own = {pg: _pg_rank_of(members.get(pg), rank) for pg in set(pgs)}
+    records = [
+        f"pg {pg} #{s} {op} state={st} in={_sizes_text(i)} {idt} out={_sizes_text(o)} {odt} ({name})"
+        for pg, s, op, st, i, idt, o, odt, name in zip(pgs, seq, ops, states, in_sizes, in_dtypes, out_sizes, out_dtypes, names)
+    ]
     sizes = {pg: len(ranks) for pg, ranks in members.items()}
     return {
         "line": list(range(1, n + 1)),
@@ -293,11 +297,10 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
         "numel_out": _numel_column(out_sizes),
         "timeout_ms": [_int(e.get("timeout_ms")) for e in entries],
         "code": states,
-        "message": [
-            f"pg {pg} #{s} {op} state={st} in={_sizes_text(i)} {idt} out={_sizes_text(o)} {odt} ({name})"
-            for pg, s, op, st, i, idt, o, odt, name in zip(pgs, seq, ops, states, in_sizes, in_dtypes, out_sizes, out_dtypes, names)
-        ],
-        "text": names,
+        "message": records,
+        # A dump entry has no line of text: its evidence quotes the record (pg, seq, op, sizes,
+        # dtypes, state, the profiling name), not the bare `nccl:all_reduce`.
+        "text": records,
         "peer": [_p2p_peer(b, members.get(pg)) if flag else None for b, flag, pg in zip(bare, is_p2p, pgs)],
         "detail": _frames_column(entries),
     }
