@@ -31,6 +31,16 @@ UNDECIDABLE_DECOYS = {
     "182-detectron2-two-node-slow-no-ibverbs-socket": "the excerpt shows the NCCL init lines of one host only; that the run "
                                                       "spans two nodes (which makes `Using network Socket` the slowdown) is "
                                                       "only in the thread's prose, and on one node sockets are never used",
+    "301-nvcaffe-nccl-for-wrong-cuda-unhandled-cuda-error": "NCCL's `unhandled cuda error` beside CUDA 8.0 and a newer driver "
+                                                            "(a valid pair): which CUDA the installed NCCL package was built "
+                                                            "for is only in the thread's prose",
+    "315-areal-nccl-socket-instead-of-ib": "a single `NET/Socket : Using` line, printed by healthy single-node runs too; that "
+                                           "the collectives cross nodes and run 4-5x slow is only in the bug report's prose",
+    "318-nccltests-unhandled-cuda-error-nccl-built-for-other-cuda": "one `Test NCCL failure ... 'unhandled cuda error'` line; "
+                                                                    "the NCCL build's CUDA version (11.0 on a 10.2 system) is "
+                                                                    "only in the prose",
+    "319-nccl278-ib-no-such-device-bad-hca": "the only text posted is the title fragment `with error No such device`: it names "
+                                             "neither the verbs call nor the HCA (mlx5_3) that had to be excluded",
 }
 
 
