@@ -117,6 +117,28 @@ scan(jobs, workers=1, store_path=Path(sys.argv[1]), task=scan_hooks.paced_task)
 """
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            if f"\nPPid:\t{pid}\n" in status:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in state  # a zombie has exited; its parent (killed) no longer reaps it
+
+
 def _stored(store: Path) -> set[str]:
     try:
         with sqlite3.connect(store, timeout=5) as db:
@@ -135,6 +157,7 @@ def test_a_scan_killed_half_way_keeps_its_rows_and_the_rerun_does_only_the_rest(
         while len(_stored(store)) < 3 and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.2)
         assert child.poll() is None, child.stderr.read().decode()
+        workers = _children(child.pid)
         os.kill(child.pid, signal.SIGKILL)  # no clean-up of any kind: a Slurm time limit, the OOM killer
         child.wait(30)
     finally:
@@ -144,6 +167,7 @@ def test_a_scan_killed_half_way_keeps_its_rows_and_the_rerun_does_only_the_rest(
     assert 3 <= len(done) < len(jobs)
     time.sleep(2 * scan_hooks.PACE_S)  # the killed scan's worker died with it: nothing more is stored
     assert _stored(store) == done
+    assert workers and not [pid for pid in workers if _alive(pid)]  # no orphan analysing on
     with code_unchanged(versions_at_start):
         rerun = scan(jobs, workers=2, store_path=store)
         assert (rerun.reused, rerun.analysed) == (len(done), len(jobs) - len(done))

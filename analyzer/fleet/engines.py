@@ -176,24 +176,30 @@ class LocalPool:
         wait(waitables, timeout=max(0.0, min(nearest - now, 60.0)))
         for worker in list(self._workers):
             if worker.conn.poll():
-                self._receive(worker, on_result)
+                try:
+                    message = worker.conn.recv()
+                except (EOFError, OSError):  # its end of the pipe closed: it died
+                    self._died(worker, on_result)
+                else:
+                    self._receive(worker, message, on_result)
             elif not worker.process.is_alive():
-                if not worker.ready:
-                    raise ScanError(f"a worker process exited while starting (exit code {worker.process.exitcode})")
-                if worker.spec is not None:
-                    on_result(worker.spec, error_result(worker.spec.job, STATUS_CRASHED, WORKER_DIED))
-                self._replace(worker)
+                self._died(worker, on_result)
             elif time.monotonic() >= worker.deadline:
                 if worker.spec is None:
                     raise ScanError(f"a worker process did not start within {WORKER_START_S} s")
                 on_result(worker.spec, error_result(worker.spec.job, STATUS_TIMED_OUT, timeout_message(self._timeout)))
                 self._replace(worker)
 
-    def _receive(self, worker: _Worker, on_result: OnResult) -> None:
-        try:
-            message = worker.conn.recv()
-        except (EOFError, OSError):
-            return  # it died after all: the next step sees the dead process
+    def _died(self, worker: _Worker, on_result: OnResult) -> None:
+        """A worker that died costs exactly the job it held (none when idle) and is replaced."""
+        if not worker.ready:
+            worker.process.join(5)
+            raise ScanError(f"a worker process exited while starting (exit code {worker.process.exitcode})")
+        if worker.spec is not None:
+            on_result(worker.spec, error_result(worker.spec.job, STATUS_CRASHED, WORKER_DIED))
+        self._replace(worker)
+
+    def _receive(self, worker: _Worker, message: Any, on_result: OnResult) -> None:
         if isinstance(message, tuple) and message[0] == "broken":
             raise ScanError(f"the worker processes cannot load the analyzer: {message[1]}")
         if isinstance(message, tuple) and message[0] == "ready":

@@ -152,7 +152,10 @@ def analyse_job(spec: JobSpec) -> dict:
             findings = _finding_rows(job, analysis.report)
             if spec.events_file is not None:
                 _write_events(job, analysis.events, spec.events_file)
-    except Exception as exc:  # noqa: BLE001 - an analyzer bug on one job is that job's row, not the scan's end
+    except BaseException as exc:  # noqa: BLE001 - a bug, or a library's panic (pyo3's PanicException is a
+        # BaseException), on one job is that job's row, not the scan's end; an interrupt still stops the scan
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
         row.update(status=STATUS_CRASHED, error=describe_exception(exc))
         findings = []
     row["elapsed_s"] = round(time.perf_counter() - started, 4)

@@ -177,13 +177,16 @@ class Store:
         if self._db is None:
             return
         row = result["row"]
+        previous = self._db.execute("SELECT events_file FROM results WHERE job = ?", (job,)).fetchone()
         self._db.execute(
             "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (job, key, row["status"], limit_s, events_file, json.dumps(row), json.dumps(result["findings"]), time.time()),
         )
+        if previous and previous[0] and previous[0] != events_file:  # the job's events of an older row
+            Path(previous[0]).unlink(missing_ok=True)
 
     def finished(self) -> int:
-        """Rows stored (a test and the progress line read it)."""
+        """How many rows the store holds."""
         return 0 if self._db is None else self._db.execute("SELECT count(*) FROM results").fetchone()[0]
 
     def close(self) -> None:
