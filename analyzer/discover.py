@@ -86,6 +86,43 @@ _TORCH_PICKLE_CHECKPOINT = re.compile(rb"^\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x
 
 _TORCHRUN_RANK_DIR = re.compile(r"attempt_(\d+)/(\d+)/(?:stdout|stderr)\.log(?:\.gz)?$")
 _PYSPY_TEXT = re.compile(rb"\s*Process \d+: .*\n(?:Python v|Thread )")
+# Source code and markup beside the logs (a training script, a documentation folder) hold words
+# such as "Error" and "failed" that are code, not events. A text whose first lines are mostly
+# code-shaped and carry no log marker is skipped as source, so it can neither raise a finding nor
+# pass for a training log.
+_LOG_MARKER = re.compile(
+    rb"Traceback \(most recent call last\)|NCCL (?:INFO|WARN)|\[rank\d+\]|ProcessGroup\w*\.cpp"
+    rb"|^\s*\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d|^[IWEF]\d{4} \d\d:\d\d|^\w[\w.\-]*:\d+:\d+ \[\d+\]"
+    # a launch script or an environment dump: the settings a finding's cause may be read from
+    rb"|\b(?:NCCL|TORCH|GLOO|CUDA|MASTER|UCX)_[A-Z0-9_]+=",
+    re.MULTILINE,
+)
+_MARKUP_HEAD = re.compile(rb"^\s*(?:<!DOCTYPE\s+html|<html\b|<\?xml\b|<svg\b)", re.IGNORECASE)
+_CODE_LINE = re.compile(
+    rb"^\s*(?:"
+    rb"[^{}\n;]*\{[^{}\n]*\}\s*(?:/\*.*\*/)?"  # a CSS rule on one line
+    rb"|[^{}\n;]+\{|\}[);,]*"  # a block opened or closed (CSS, JS)
+    rb"|[\w\-]+\s*:\s*[^;\n]+;(?:\s*/\*.*\*/)?"  # a CSS property
+    rb"|(?:/\*|\*/|\*\s|//|#!?\s).*"  # a comment
+    rb"|(?:def|class|async def)\s+\w+.*:|(?:import|from)\s+[\w.]+.*|@\w[\w.]*(?:\(.*\))?"  # Python
+    rb"|(?:return|raise|elif|while|for|if|with|try|except|finally|else)\b.*"
+    rb"|(?:function|var|let|const)\b.*"  # JavaScript
+    rb")\s*$"
+)
+SOURCE_SNIFF_LINES = 200
+SOURCE_SHARE = 0.6
+
+
+def _looks_like_source(head: bytes) -> bool:
+    if _LOG_MARKER.search(head):
+        return False
+    if _MARKUP_HEAD.match(head):
+        return True
+    lines = [line for line in head.split(b"\n")[:SOURCE_SNIFF_LINES] if line.strip()]
+    code = sum(1 for line in lines if _CODE_LINE.match(line))
+    return len(lines) >= 5 and code >= SOURCE_SHARE * len(lines)
+
+
 # `python -m torch.utils.collect_env` output (both layouts), and pip freeze / pip list output (one
 # package per line with a version, naming torch or an NVIDIA wheel): read by analyzer/parse/collect_env.py.
 _COLLECT_ENV = re.compile(rb"Collecting environment information|^PyTorch version\s*:.*\n(?:.*\n){0,3}Is debug build\s*:", re.M)
@@ -970,7 +1007,11 @@ def _format_of_head(head: bytes, json_kind: Callable[[], str]) -> tuple[str, str
         if not head.strip(b"\x00"):
             return "binary", "nothing but NUL bytes (blocks never written before a crash?)"
         return "binary", "binary content (not a log, dump or trace this version reads)"
-    return ("nccl_tests" if _NCCL_TESTS.search(head) else "text"), ""
+    if _NCCL_TESTS.search(head):
+        return "nccl_tests", ""
+    if _looks_like_source(head):
+        return "source", "source code or markup (CSS, HTML, JavaScript, Python), not a log"
+    return "text", ""
 
 
 def _json_kind(item: InputFile) -> str:
