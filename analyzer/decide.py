@@ -5,10 +5,11 @@ timeouts on healthy ranks are symptoms of the rank that never arrived. The order
 (cause > context > symptom), then the rule's causal priority, then confidence, then the earliest
 evidence. When the best finding is only a symptom, the verdict says the culprit is unknown.
 
-Cause over symptom from the same log: a rule with `cause_of = [ids]` (the set interface beside
-`no socket interface found`, the sizes of an OOM that show fragmentation) is kept by detect only
-beside one of those findings; here every finding it explains ranks below it, whatever its own
-severity or priority, and names it in `caused_by`.
+Cause over symptom from the same log: a rule with `cause_of = [ids]` (the interface setting beside
+`no socket interface found`, a full disk beside an unreadable checkpoint) takes the place of the
+best of those findings present in the ranking, just above it, whatever its own severity or
+priority, and the findings it explains name it in `caused_by`. (With `reported_alone = false`,
+detect keeps it only beside one of them.)
 """
 
 from __future__ import annotations

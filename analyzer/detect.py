@@ -47,10 +47,11 @@ def detect(events: pl.DataFrame, job: JobContext, rules: tuple[Rule, ...] | None
 def _without_needless_fallbacks(findings: pl.DataFrame, rules: tuple[Rule, ...]) -> pl.DataFrame:
     """A fallback signature ("errors nothing explains") only speaks when no other one did.
 
-    A cause that names its symptoms (`cause_of`) is kept only beside one of them.
+    A cause that is not reported alone (`reported_alone = false`) is kept only beside one of the
+    symptoms it names (`cause_of`).
     """
     fired = set(findings.get_column("rule_id").to_list())
-    lonely = sorted(r.id for r in rules if r.cause_of and r.id in fired and not set(r.cause_of) & fired)
+    lonely = sorted(r.id for r in rules if not r.reported_alone and r.id in fired and not set(r.cause_of) & fired)
     findings = findings.filter(~pl.col("rule_id").is_in(lonely))
     fallback_ids = sorted(r.id for r in rules if r.fallback)
     is_fallback = pl.col("rule_id").is_in(fallback_ids)

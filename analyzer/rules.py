@@ -34,7 +34,7 @@ ROLES = frozenset({"cause", "symptom", "context"})
 ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "none"})
 TOP_KEYS = frozenset(
     {"id", "title", "category", "severity", "role", "priority", "confidence", "attribution", "explanation",
-     "remediation", "references", "match", "analysis", "tests", "fallback", "cause_of"}
+     "remediation", "references", "match", "analysis", "tests", "fallback", "cause_of", "reported_alone"}
 )
 MATCH_KEYS = frozenset({"kinds", "anywhere", "message", "message_all", "message_not", "detail", "detail_not", "code", "severity"})
 TEST_KEYS = frozenset({"must_match", "must_not_match", "fixtures", "known_gaps"})
@@ -61,8 +61,9 @@ class Rule:
     match: dict = field(default_factory=dict)
     analysis: str | None = None
     fallback: bool = False  # reported only when no other signature fired
-    # The symptoms this cause explains: reported only beside one of them, and then ranked above them.
+    # The symptoms this cause explains: beside one of them it takes the symptom's place in the ranking.
     cause_of: tuple[str, ...] = ()
+    reported_alone: bool = True  # false: reported only beside one of its `cause_of` symptoms
     tests: dict = field(default_factory=dict)
 
     def expression(self) -> pl.Expr:
@@ -144,6 +145,7 @@ def load_rule(path: Path) -> Rule:
         tests=tests,
         fallback=bool(doc.get("fallback", False)),
         cause_of=tuple(doc.get("cause_of", ())),
+        reported_alone=bool(doc.get("reported_alone", True)),
     )
 
 
@@ -198,6 +200,8 @@ def catalogue(directory: str | None = None) -> tuple[Rule, ...]:
         unknown = sorted(set(rule.cause_of) - set(ids))
         if unknown:
             raise RuleError(f"{rule.path.name}: cause_of names unknown rules {unknown}")
+        if not rule.reported_alone and not rule.cause_of:
+            raise RuleError(f"{rule.path.name}: reported_alone = false needs the symptoms in cause_of")
     return rules
 
 

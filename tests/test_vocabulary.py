@@ -184,3 +184,14 @@ def test_old_oom_wording_with_little_reserved_or_a_request_the_card_cannot_hold_
     assert not fragmentation_found(tmp_path, "little", OLD_OOM.replace("75.00 GiB reserved", "61.00 GiB reserved"))
     whole_card = OLD_OOM.replace("Tried to allocate 2.00 GiB", "Tried to allocate 20.00 GiB")
     assert not fragmentation_found(tmp_path, "card", whole_card)
+
+
+def test_a_full_disk_beside_an_unreadable_checkpoint_is_the_cause(tmp_path):
+    unreadable = "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory"
+    (tmp_path / "alone").mkdir()
+    assert job(tmp_path / "alone", [unreadable])["verdict"]["category"] == "checkpoint_corruption"
+    (tmp_path / "full").mkdir()
+    report = job(tmp_path / "full", ["tee: train.log: No space left on device", unreadable])
+    assert report["verdict"]["category"] == "disk_full_or_io"
+    explained = [f for f in report["findings"] if f["rule_id"] == "checkpoint-unreadable"]
+    assert explained and explained[0]["caused_by"] == ["disk-full-or-io-error"]
