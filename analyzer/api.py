@@ -22,10 +22,12 @@ from analyzer.decide import decide
 from analyzer.detect import detect, format_ranks
 from analyzer.discover import STDIN, DiscoveryError, InputFile, discover
 from analyzer.exits import INPUT_ERRORS
+from analyzer.gpus import culprit_gpus
 from analyzer.parse import TEXT_FORMATS, parse_inputs
 from analyzer.rules import Rule, rules_by_id
 
-SCHEMA_VERSION = "1.2"  # 1.1: optional job.host_facts and checkpoints; 1.2: inputs[].capped
+SCHEMA_VERSION = "1.3"  # 1.1: optional job.host_facts and checkpoints; 1.2: inputs[].capped;
+# 1.3: job.world_size_source/_stated, job.time_span, job.facts_conflicts, verdict.culprit_gpus
 MAX_EVIDENCE_LINES = 8
 
 _HANG_CATEGORIES = {"nccl_timeout", "rank_absent_from_collective", "collective_mismatch"}
@@ -114,12 +116,18 @@ def build_report(
     shown: set[int] = set()  # each line is evidence once: under the best-ranked finding that cites it
     findings = [_finding_doc(row, rules[row["rule_id"]], by_id, shown) for row in ranked.iter_rows(named=True)]
     verdict = _verdict_doc(findings, verdict_rule, inputs)
+    evidence = ranked.get_column("evidence")[0].to_list() if ranked.height else []
+    verdict["culprit_gpus"] = culprit_gpus(events, verdict["culprit_ranks"], verdict["culprit_hosts"], evidence)
     report = {
         "schema_version": SCHEMA_VERSION,
         "analyzer_version": __version__,
         "job": {
             "path": path,
             "world_size": facts.world_size,
+            "world_size_source": facts.world_size_source,
+            "world_size_stated": facts.world_size_stated,
+            "time_span": facts.time_span,
+            "facts_conflicts": facts.conflicts,
             "ranks": facts.ranks,
             "hosts": facts.hosts,
             "outcome": _outcome(verdict, events, inputs),

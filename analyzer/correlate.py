@@ -4,7 +4,8 @@ Sources of truth, strongest first: PyTorch/launcher prefixes on the line, NCCL `
 nranks N` lines joined to their `host:pid` prefix, per-rank file layout (torchrun's
 `attempt_N/<local_rank>/` and rank-numbered file names), a file whose events all name one
 rank, and c10d's `[Rank N]` where it is the default process group's. Job facts: world size,
-ranks, hosts, rank -> host map.
+ranks, hosts, rank -> host map, the time span; the derived ones say which line or event they come
+from, and sources that contradict each other are listed in `conflicts`, not settled silently.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ class JobFacts:
     hosts: list[str] = field(default_factory=list)
     rank_hosts: dict[int, str] = field(default_factory=dict)
     nccl_versions: dict[str, list[str]] = field(default_factory=dict)
+    # Where world_size comes from: the line that states it, or "inferred from the ranks seen".
+    world_size_source: str | None = None
+    world_size_stated: bool = False
+    # Earliest and latest timestamped event, and the lines that bound them (see _time_span).
+    time_span: dict | None = None
+    conflicts: list[str] = field(default_factory=list)
 
     def context(self, events: pl.DataFrame, root: str | None = None, checkpoint_paths: tuple[str, ...] = ()) -> JobContext:
         end = events.get_column("ts").max() if events.height else None
@@ -238,10 +245,77 @@ def _facts(events: pl.DataFrame) -> JobFacts:
         .group_by(pl.col("host").fill_null("?"))
         .agg(pl.col("v").drop_nulls().unique().sort())
     )
+    world_source, stated, conflicts = _world_size_source(events, world, ranks)
     return JobFacts(
         world_size=world,
+        world_size_source=world_source,
+        world_size_stated=stated,
+        time_span=_time_span(events),
+        conflicts=conflicts,
         ranks=ranks,
         hosts=hosts,
         rank_hosts={int(k): v for k, v in rank_hosts.items()},
         nccl_versions={h: list(v) for h, v in versions.iter_rows()},
     )
+
+
+# Lines and events that state the job's size, by what says it (strongest first).
+_SIZE_STATEMENTS = {"nccl.comm_init": "NCCL comm init nranks", "fr.pg_status": "Flight Recorder pg_status nranks",
+                    "trace.rank": "trace distributedInfo world_size"}
+
+
+def _where() -> pl.Expr:
+    return pl.format("{}:{}", "file", "line")
+
+
+def _world_size_source(events: pl.DataFrame, world: int | None, ranks: list[int]) -> tuple[str | None, bool, list[str]]:
+    """Which statement gave the world size (the largest size each kind of line states: NCCL
+    sub-communicators are smaller than the world), else that it is inferred from the ranks seen;
+    statements that disagree, or a rank at or past the stated size, are conflicts."""
+    if world is None:
+        return None, False, []
+    statements = (
+        events.filter(pl.col("kind").is_in(list(_SIZE_STATEMENTS)) & pl.col("nranks").is_not_null())
+        .sort("event_id")
+        .filter(pl.col("nranks") == pl.col("nranks").max().over("kind"))
+        .group_by("kind", maintain_order=True)
+        .agg(pl.col("nranks").first(), _where().first().alias("at"))
+    )
+    said = {kind: (n, at) for kind, n, at in statements.iter_rows()}
+    label = {kind: f"{_SIZE_STATEMENTS[kind]} {n} ({at})" for kind, (n, at) in said.items()}
+    conflicts = []
+    if len({n for n, _ in said.values()}) > 1:
+        conflicts.append("world size: " + "; ".join(label[k] for k in _SIZE_STATEMENTS if k in said) + " disagree")
+    stated = max((n for n, _ in said.values()), default=None)
+    if stated is not None and ranks and max(ranks) >= stated:
+        at = events.filter(pl.col("rank") == max(ranks)).sort("event_id").select(_where()).item(0, 0)
+        conflicts.append(f"world size: rank {max(ranks)} is seen ({at}) but the largest size stated is {stated}")
+    source = next((label[k] for k in _SIZE_STATEMENTS if said.get(k, (None,))[0] == world), None)
+    if source is not None:
+        return source, True, conflicts
+    return f"inferred from the ranks seen ({len(ranks)} rank(s), highest {max(ranks)}); no line states the size", False, conflicts
+
+
+def _time_span(events: pl.DataFrame) -> dict | None:
+    """First and last timestamp over every timestamped event (all files, all formats), with the
+    line that bounds each end and how its time was read; the files none of whose events carry a
+    time do not bound it, and are counted."""
+    timed = events.filter(pl.col("ts").is_not_null())
+    if timed.height == 0:
+        return None
+    first = timed.sort("ts", "event_id").row(0, named=True)
+    last = timed.sort(["ts", "event_id"], descending=[True, False]).row(0, named=True)
+    files = events.get_column("file").drop_nulls().unique()
+    untimed = sorted(set(files.to_list()) - set(timed.get_column("file").drop_nulls().unique().to_list()))
+
+    def bound(row: dict) -> str:
+        return f"{row['file']}:{row['line']} ({row['ts_source'] or row['source'] or 'time'})"
+
+    return {
+        "start": first["ts"].isoformat(),
+        "end": last["ts"].isoformat(),
+        "start_source": bound(first),
+        "end_source": bound(last),
+        "files_timed": len(files) - len(untimed),
+        "files_untimed": len(untimed),
+    }

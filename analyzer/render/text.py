@@ -32,11 +32,34 @@ def _confidence(value: float) -> str:
     return f"{value:.2f} ({word})"
 
 
+def _world_size(job: dict) -> str:
+    """A size no line states is a lower bound (the ranks seen); one that sources contradict is no fact."""
+    if any(c.startswith("world size") for c in job.get("facts_conflicts") or []):
+        return "conflicting (see below)"
+    if job["world_size"] is None:
+        return "?"
+    return str(job["world_size"]) if job.get("world_size_stated", True) else f">={job['world_size']} (inferred from the ranks seen)"
+
+
+def _job_fact_lines(job: dict, console: Console) -> None:
+    """Where the header's world size and time span come from, and the facts whose sources disagree."""
+    if job.get("world_size_stated") and job.get("world_size_source"):
+        console.print(f"  world size from {escape(job['world_size_source'])}")
+    span = job.get("time_span")
+    if span:
+        untimed = f"; {span['files_untimed']} file(s) with no timestamped line" if span["files_untimed"] else ""
+        console.print(f"  time span: {escape(span['start'])} .. {escape(span['end'])}"
+                      f" (from {escape(span['start_source'])} to {escape(span['end_source'])}{untimed})")
+    for conflict in job.get("facts_conflicts") or []:
+        console.print(f"  [yellow]conflicting sources[/yellow]: {escape(conflict)}")
+
+
 def render_text(report: dict, console: Console, *, all_inputs: bool = False) -> None:
     verdict = report["verdict"]
     job = report["job"]
     console.print(f"[bold]postmortem[/bold] {escape(job['path'])}  outcome: [bold]{job['outcome']}[/bold]"
-                  f"  world size: {job['world_size'] or '?'}  hosts: {len(job['hosts'])}")
+                  f"  world size: {_world_size(job)}  hosts: {len(job['hosts'])}")
+    _job_fact_lines(job, console)
     colour = "green" if verdict["category"] == "none" else "red"
     console.print(f"\n[bold {colour}]VERDICT: {escape(verdict['category'])}[/bold {colour}] - {escape(verdict['title'])}")
     console.print(escape(verdict["summary"]))
