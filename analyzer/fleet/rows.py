@@ -65,7 +65,7 @@ def row_schema() -> dict[str, pl.DataType]:
         "outcome": pl.String,  # job.outcome: ok, crash, hang, slow, unknown
         "culprit_ranks": pl.List(pl.Int64),  # verdict.culprit_ranks
         "culprit_hosts": pl.List(pl.String),  # verdict.culprit_hosts
-        "culprit_gpus": pl.List(pl.String),  # "host/gpuN" of the culprits, where the logs name the device
+        "culprit_gpus": pl.List(pl.String),  # the culprits' physical GPUs: "host/gpuN", "host/<bus id>", "host/cudaN (logical only)"
         "implicated_hosts": pl.List(pl.String),  # culprit hosts plus the hosts of culprit ranks
         "confidence": pl.Float64,  # verdict.confidence
         "signatures": pl.List(pl.String),  # rule ids of every finding, cause before symptom
@@ -217,7 +217,7 @@ def _verdict_fields(analysis: Any) -> dict:
         "outcome": job["outcome"],
         "culprit_ranks": list(verdict["culprit_ranks"]),
         "culprit_hosts": list(verdict["culprit_hosts"]),
-        "culprit_gpus": _culprit_gpus(analysis, verdict),
+        "culprit_gpus": _culprit_gpus(verdict),
         "implicated_hosts": sorted(
             set(verdict["culprit_hosts"])
             | {analysis.facts.rank_hosts[r] for r in verdict["culprit_ranks"] if r in analysis.facts.rank_hosts}
@@ -232,21 +232,9 @@ def _verdict_fields(analysis: Any) -> dict:
     }
 
 
-def _culprit_gpus(analysis: Any, verdict: dict) -> list[str]:
-    """GPUs of the culprits where the logs say: every device a culprit rank's lines print, and the
-    devices on the verdict's own evidence lines from a culprit host. None when no culprit is named."""
-    import polars as pl
+def _culprit_gpus(verdict: dict) -> list[str]:
+    """The culprits' physical GPUs as the report's verdict names them (analyzer/gpus.py):
+    `host/gpuN`, `host/<bus id>`, or `host/cudaN (logical only)` where nothing physical is known."""
+    from analyzer.gpus import gpu_label
 
-    ranks, hosts = verdict["culprit_ranks"], verdict["culprit_hosts"]
-    if not (ranks or hosts) or not analysis.findings.height:
-        return []
-    evidence = analysis.findings.get_column("evidence")[0]
-    named = pl.col("rank").is_in(ranks) | (pl.col("event_id").is_in(evidence.implode()) & pl.col("host").is_in(hosts))
-    return (
-        analysis.events.filter(pl.col("host").is_not_null() & pl.col("device").is_not_null() & named)
-        .select(pl.format("{}/gpu{}", "host", "device").alias("gpu"))
-        .unique()
-        .sort("gpu")
-        .get_column("gpu")
-        .to_list()
-    )
+    return [gpu_label(gpu) for gpu in verdict.get("culprit_gpus") or []]
