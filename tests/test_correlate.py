@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
+
+from rich.console import Console
 
 from analyzer.api import analyze
 from analyzer.correlate import correlate
 from analyzer.events import events_from_records
+from analyzer.render.text import render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -129,3 +134,67 @@ def test_only_c10d_lines_take_the_group_rank():
     """NCCL's `comm ... rank R nranks N` is attributed through its host:pid, not here; other text keeps its rank."""
     events = [_event(1, kind="log.line", pg_rank=3, message="[Rank 3] step=10"), _c10d(2, 1)]
     assert _ranks_by_line(events) == {1: None, 2: 1}
+
+
+# --- job facts and their sources ---------------------------------------------------------------
+
+
+def test_world_size_names_the_line_that_states_it():
+    events = events_from_records([
+        _event(1, kind="nccl.comm_init", source="nccl", host="vm", pid=1, pg_rank=0, nranks=2),
+        _event(2, kind="nccl.comm_init", source="nccl", host="vm", pid=2, pg_rank=1, nranks=2),
+    ])
+    facts = correlate(events, [])[1]
+    assert (facts.world_size, facts.world_size_stated, facts.conflicts) == (2, True, [])
+    assert facts.world_size_source == "NCCL comm init nranks 2 (console.log:1)"
+
+
+def test_a_size_no_line_states_is_inferred_and_shown_as_a_lower_bound():
+    """Case 024: rank 0 alone; the header must not print `world size: 1` as a fact."""
+    report = analyze(ROOT / "fixtures" / "cases" / "024-autocast-rank0-only-save-checkpoint-barrier" / "job").report
+    job = report["job"]
+    assert (job["world_size"], job["world_size_stated"]) == (1, False)
+    assert job["world_size_source"].startswith("inferred from the ranks seen")
+    header = _text(report).splitlines()[0]
+    assert "world size: >=1 (inferred from the ranks seen)" in header
+
+
+def test_contradicting_sources_are_listed_not_printed_as_a_fact():
+    """A trace says world_size 4, NCCL's world communicator says 2, and rank 5 is seen: all named."""
+    events = events_from_records([
+        _event(1, kind="nccl.comm_init", source="nccl", host="vm", pid=1, pg_rank=0, nranks=2),
+        _event(0, file="traces/rank0.json", kind="trace.rank", source="kineto", rank=0, nranks=4),
+        _event(3, file="rank5.log", rank=5),
+    ])
+    facts = correlate(events, [])[1]
+    assert facts.conflicts == [
+        "world size: NCCL comm init nranks 2 (console.log:1); trace distributedInfo world_size 4 (traces/rank0.json:0) disagree",
+        "world size: rank 5 is seen (rank5.log:3) but the largest size stated is 4",
+    ]
+    report = analyze(ROOT / "fixtures" / "recorded" / "healthy" / "job").report
+    report["job"]["facts_conflicts"] = facts.conflicts
+    out = _text(report)
+    assert "world size: conflicting (see below)" in out.splitlines()[0]
+    assert "conflicting sources: world size: rank 5 is seen (rank5.log:3)" in out
+
+
+def test_the_time_span_covers_every_timestamped_source(tmp_path):
+    """The console's NCCL lines start 8 s before the trace: the span starts there and says so."""
+    job = tmp_path / "job"
+    (job / "traces").mkdir(parents=True)
+    (job / "console.log").write_text(
+        "2026-11-30 16:52:46.023 vm:1811:1811 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n"
+        "2026-11-30 16:52:54.500 vm:1811:1811 [0] NCCL INFO comm 0x1 rank 0 nranks 1 cudaDev 0 busId 60 - Destroy COMPLETE\n")
+    trace = {"distributedInfo": {"rank": 0, "world_size": 1}, "baseTimeNanoseconds": 1795971174000000000,
+             "traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 177000, "dur": 20000}]}
+    (job / "traces" / "rank0.json").write_text(json.dumps(trace))
+    span = analyze(job).report["job"]["time_span"]
+    assert span["start"].startswith("2026-11-30T16:52:46.023")
+    assert span["start_source"] == "console.log:1 (collector)"  # a timestamp the log collector prefixed
+    assert span["end"].startswith("2026-11-30T16:52:54.5") and span["end_source"] == "console.log:2 (collector)"
+
+
+def _text(report: dict) -> str:
+    buffer = io.StringIO()
+    render_text(report, Console(file=buffer, width=200, no_color=True, emoji=False, highlight=False))
+    return buffer.getvalue()
