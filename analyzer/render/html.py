@@ -20,7 +20,9 @@ import gzip
 import hashlib
 import html
 import json
+import math
 import os
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
@@ -28,7 +30,7 @@ import polars as pl
 
 from analyzer.detect import format_ranks
 from analyzer.render.tables import VARIES, HostTable, cell_note, checkpoint_parts, host_table, human_size, per_rank_text
-from analyzer.render.timeline import CLASSES, FOLD_THRESHOLD, MAX_LANES, PANELS, Timeline, build_timeline
+from analyzer.render.timeline import CLASSES, FOLD_THRESHOLD, MAX_LANES, PANELS, Timeline, build_timeline, step_times
 
 MAX_TEXT_CHARS = 2000  # of one log line in the payload
 MEMBER_TEXT_BUDGET = 1_000_000  # characters of folded members' line texts, in display order
@@ -44,21 +46,72 @@ PANEL_TITLES = {
     "seq": "collective sequence number",
 }
 
-# Drawing attributes per marker class: (symbol, symbol when the clock was inferred, color, size).
-STYLE: dict[str, tuple[str, str, str, int]] = {
-    "init": ("circle", "circle-open", "#2e7d32", 9),
-    "step": ("circle", "circle-open", "#9e9e9e", 6),
-    "warning": ("triangle-up", "triangle-up-open", "#ef8f00", 10),
-    "error": ("x", "x-open", "#d62728", 10),
-    "watchdog": ("hourglass", "hourglass-open", "#7b3fa0", 12),
-    "exception": ("star", "star-open", "#b3261e", 13),
-    "collective": ("diamond", "diamond-open", "#1f77b4", 9),
-    "last": ("triangle-right", "triangle-right-open", "#263238", 11),
-    "evidence": ("circle-dot", "circle-open-dot", "#8d6e63", 8),
-    "coll.completed": ("square", "square-open", "#1f77b4", 10),
-    "coll.enqueued": ("square-open", "square-open", "#17a2b8", 12),
-    "coll.waiting": ("hourglass", "hourglass-open", "#7b3fa0", 13),
+# Drawing attributes per marker class: symbol (and its hollow form, for an inferred clock), colour,
+# size, the lane sub-row (offset from the lane's centre, in lanes; positive is lower) and what the
+# legend says it means. No two classes share a shape or a colour, so the legend reads without
+# colour; classes whose lines often share a timestamp (an error, the watchdog timeout, the
+# collective state printed with it, the exception raised) sit on different sub-rows.
+@dataclass(frozen=True)
+class Style:
+    symbol: str
+    symbol_open: str
+    color: str
+    size: int
+    offset: float
+    meaning: str
+
+
+STYLE: dict[str, Style] = {
+    "init": Style("circle", "circle-open", "#2e7d32", 9, 0.0, "NCCL communicator initialised"),
+    "step": Style("pentagon", "pentagon-open", "#9e9e9e", 7, 0.0, "a training step or progress line (sampled)"),
+    "warning": Style("triangle-up", "triangle-up-open", "#ef8f00", 10, 0.2, "a warning line"),
+    "error": Style("x", "x-open", "#d62728", 10, 0.4, "an error line"),
+    "watchdog": Style("hourglass", "hourglass-open", "#6a1b9a", 11, -0.2,
+                      "NCCL watchdog: a collective timed out, or the watchdog's heartbeat stopped"),
+    "exception": Style("star", "star-open", "#7f0000", 12, 0.2, "a Python exception or a failed child process"),
+    "collective": Style("diamond", "diamond-open", "#1f77b4", 9, -0.4, "collective state printed (pg status, desync report)"),
+    "last": Style("triangle-right", "triangle-right-open", "#263238", 10, 0.0, "the last line the file logged"),
+    "evidence": Style("circle-cross", "circle-cross-open", "#8d6e63", 9, 0.0, "a line a finding cites, of no class above"),
+    "coll.completed": Style("square", "square-open", "#0d47a1", 9, -0.4, "the last collective the lane completed"),
+    "coll.enqueued": Style("triangle-down", "triangle-down-open", "#17a2b8", 10, 0.4,
+                           "the last collective the lane enqueued"),
+    "coll.waiting": Style("hexagon", "hexagon-open", "#e91e63", 11, 0.0,
+                          "the collective the lane waits in or timed out in"),
 }
+
+
+def _polygon(corners: int, radius: float, rotate: float = -90.0, inner: float | None = None) -> str:
+    """SVG points of a regular polygon (a star when `inner` gives the inner radius), centred at 0,0."""
+    count = corners * (2 if inner else 1)
+    points = []
+    for i in range(count):
+        r = inner if inner and i % 2 else radius
+        angle = math.radians(rotate + 360.0 * i / count)
+        points.append(f"{r * math.cos(angle):.2f},{r * math.sin(angle):.2f}")
+    return " ".join(points)
+
+
+# The legend's glyphs, drawn as the plot draws its markers (plotly symbol names), in a 12x12 box.
+_SVG_SHAPES = {
+    "circle": '<circle r="4.5"/>',
+    "pentagon": f'<polygon points="{_polygon(5, 5.2)}"/>',
+    "triangle-up": '<polygon points="0,-5 5,4 -5,4"/>',
+    "triangle-down": '<polygon points="0,5 5,-4 -5,-4"/>',
+    "triangle-right": '<polygon points="-4,-5 5,0 -4,5"/>',
+    "x": '<path d="M-4,-4L4,4M4,-4L-4,4" fill="none" stroke="currentColor" stroke-width="2.4"/>',
+    "hourglass": '<polygon points="-4.5,-5 4.5,-5 -4.5,5 4.5,5"/>',
+    "star": f'<polygon points="{_polygon(5, 5.8, inner=2.4)}"/>',
+    "diamond": '<polygon points="0,-5.5 5.5,0 0,5.5 -5.5,0"/>',
+    "circle-cross": '<circle r="4.8"/><path d="M0,-4.8V4.8M-4.8,0H4.8" stroke="#fff" stroke-width="1.4"/>',
+    "square": '<rect x="-4.2" y="-4.2" width="8.4" height="8.4"/>',
+    "hexagon": f'<polygon points="{_polygon(6, 5.2)}"/>',
+}
+
+
+def _glyph_svg(style: Style) -> str:
+    return (f'<svg class="glyph" viewBox="-6 -6 12 12" width="14" height="14" aria-hidden="true" '
+            f'style="color:{style.color}" fill="currentColor">{_SVG_SHAPES[style.symbol]}</svg>')
+
 
 CLOCK_NOTES = {
     "c10d-year-inferred": "PyTorch C++ log headers carry no year; it was taken from the file's modification time",
@@ -117,6 +170,9 @@ def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: in
         max_lanes=max_lanes,
     )
     payload = timeline_payload(timeline, analysis.events)
+    steps, step_ranks = step_times(analysis.events, verdict["culprit_ranks"])
+    if steps.height:
+        payload["steps"] = _columns(steps.with_columns(pl.col("culprit").cast(pl.Int8)))
     if len(report["inputs"]) > INPUTS_INLINE:
         payload["inputs"] = _inputs_payload(report["inputs"])
     data_element = _data_element(payload)
@@ -152,7 +208,7 @@ def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: in
         _hosts_html(report),
         _checkpoints_html(report),
         busbw_section,
-        _timeline_html(timeline),
+        _timeline_html(timeline, steps, step_ranks),
         _inputs_html(report),
         _problems_html(report),
         "</main>",
@@ -469,17 +525,57 @@ def _busbw_html(analysis) -> str:
     )
 
 
-def _timeline_html(timeline: Timeline) -> str:
+def _timeline_html(timeline: Timeline, steps: pl.DataFrame, step_ranks: int) -> str:
     notes = timeline_notes(timeline)
     return (
         '<section id="timeline"><h2>Cross-rank timeline</h2>'
         + ('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>" if notes else "")
         + '<p id="timeline-error"></p>'
         + '<noscript><p>The timeline needs JavaScript (inlined in this file; nothing is downloaded).</p></noscript>'
+        + _legend_html(timeline)
         + '<ul id="timeline-folds" class="folds"></ul>'
         + '<div id="timeline-plot"></div>'
+        + _steps_html(steps, step_ranks)
         + "</section>"
     )
+
+
+def present_classes(timeline: Timeline) -> list[str]:
+    """Marker classes drawn in this report (lanes or folded members), in legend order."""
+    drawn = set(timeline.markers.get_column("cls").unique().to_list()) | set(timeline.members.get_column("cls").unique().to_list())
+    return [c for c in CLASSES if c in drawn]
+
+
+def _legend_html(timeline: Timeline) -> str:
+    """Every glyph the timeline draws, by shape and name (readable without colour), and what it means."""
+    classes = present_classes(timeline)
+    if not classes:
+        return ""
+    items = "".join(
+        f'<li data-cls="{_e(c)}" data-symbol="{_e(STYLE[c].symbol)}">{_glyph_svg(STYLE[c])}'
+        f"<b>{_e(CLASSES[c])}</b> <span class=\"muted\">{_e(STYLE[c].meaning)}</span></li>"
+        for c in classes
+    )
+    rings = ('<li class="how"><svg class="glyph" viewBox="-6 -6 12 12" width="14" height="14" aria-hidden="true">'
+             '<circle r="4" fill="none" stroke="#333" stroke-width="1.6"/></svg>'
+             "<span class=\"muted\">dark outline: a finding's evidence (red outline: the verdict's); hollow: clock inferred; "
+             "each kind has its own height in the lane, so markers at one time stay visible</span></li>")
+    return f'<ul id="timeline-legend" class="glyphs" aria-label="marker legend">{items}{rings}</ul>'
+
+
+def _steps_html(steps: pl.DataFrame, step_ranks: int) -> str:
+    """The step-time panel's frame and caption; absent without trace step times."""
+    if not steps.height:
+        return ""
+    culprits = sorted(set(steps.filter(pl.col("culprit")).get_column("rank").to_list()))
+    drawn = steps.get_column("rank").n_unique()
+    who = (f"culprit rank(s) {format_ranks(culprits)} in red" if culprits else "no culprit rank named")
+    shown = f"{drawn} of {step_ranks} ranks drawn (culprits first, the others evenly spread)" if drawn < step_ranks else f"{drawn} ranks"
+    caption = (f"Per rank and step, from the GPU traces: {who}; {shown}. Left: step duration (alike on every rank, "
+               "the collectives synchronise them). Right: the step less its NCCL kernel time; the straggler's is the "
+               "longest, the others spend that time waiting for it inside NCCL.")
+    return (f'<div id="steps" data-culprits="{_e(format_ranks(culprits))}"><h3>Step time per rank</h3>'
+            f'<p class="muted">{_e(caption)}</p><div id="steps-plot"></div></div>')
 
 
 def timeline_notes(timeline: Timeline) -> list[str]:
@@ -575,7 +671,7 @@ def timeline_payload(timeline: Timeline, events: pl.DataFrame) -> dict:
     lanes, markers, members = timeline.lanes, timeline.markers, timeline.members
     panels = [p for p in PANELS if markers.filter(pl.col("panel") == p).height]
     panel_ids = {p: i for i, p in enumerate(panels)}
-    classes = [c for c in CLASSES if markers.filter(pl.col("cls") == c).height or members.filter(pl.col("cls") == c).height]
+    classes = present_classes(timeline)
     class_ids = {c: i for i, c in enumerate(classes)}
     line_text = pl.col("text").fill_null(pl.col("message")).fill_null("").str.slice(0, MAX_TEXT_CHARS)
     hovered = (
@@ -643,7 +739,8 @@ def timeline_payload(timeline: Timeline, events: pl.DataFrame) -> dict:
     return {
         "panels": [{"id": p, "title": PANEL_TITLES[p], "axis": "x" if i == 0 else f"x{i + 1}"} for i, p in enumerate(panels)],
         "classes": [
-            {"id": c, "name": CLASSES[c], "symbol": STYLE[c][0], "symbol_open": STYLE[c][1], "color": STYLE[c][2], "size": STYLE[c][3]}
+            {"id": c, "name": CLASSES[c], "symbol": STYLE[c].symbol, "symbol_open": STYLE[c].symbol_open,
+             "color": STYLE[c].color, "size": STYLE[c].size, "dy": STYLE[c].offset}
             for c in classes
         ],
         "lanes": _columns(lane_cols),

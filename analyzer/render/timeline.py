@@ -19,6 +19,10 @@ canonical event frame (with `event_id`, as correlate numbers it).
   leaves more than `max_lanes` lanes, coarser keys (sequence numbers ignored, then only the
   final state) fold further. The folded units' own markers stay available (`members`) so the
   report can expand a fold.
+- **Step times** (`step_times`): for slow jobs, each rank's step duration by step and the part of it
+  spent outside collectives, from the trace parsers' `trace.step` events. Collectives synchronise
+  the ranks, so every rank's step lasts as long; the straggler is the rank whose time outside the
+  collectives is longest (the others spend theirs waiting for it inside NCCL).
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ POINT_BUDGET = 40_000  # per-class cap ~ budget / units, so a thousand unfolded 
 MAX_PER_CLASS_MEMBER = 2  # units inside a fold keep their first and last (and middle) marker per class
 FOLD_THRESHOLD = 1024
 MAX_LANES = 256
+STEP_RANKS = 48  # ranks drawn in the step-time panel: the culprits, then evenly spread others
+STEP_POINTS = 400  # steps per rank drawn; evenly thinned beyond
+_STEP_DETAIL = pl.Struct({"step_us": pl.Float64, "nccl_us": pl.Float64})
 
 
 @dataclass(frozen=True)
@@ -579,3 +586,39 @@ def build_timeline(
         "member_cap": MAX_PER_CLASS_MEMBER,
     }
     return Timeline(lanes, lane_markers, members, assigned, clock_sources(events), stats)
+
+
+# --- step times -----------------------------------------------------------------------------------
+
+
+def step_times(events: pl.DataFrame, culprit_ranks: Collection[int] = (), max_ranks: int = STEP_RANKS,
+               max_steps: int = STEP_POINTS) -> tuple[pl.DataFrame, int]:
+    """Per rank and step: step_ms, outside_ms (the step less its NCCL kernel time), culprit.
+
+    From `trace.step` events (`seq` is the step, figures in `detail`). At most `max_ranks` ranks
+    (culprits first, then others evenly spread over the rank order) and `max_steps` steps per rank
+    are kept; the second value is how many ranks had step times in all.
+    """
+    rows = events.filter((pl.col("kind") == "trace.step") & pl.col("rank").is_not_null() & pl.col("seq").is_not_null())
+    detail = pl.col("detail").str.json_decode(_STEP_DETAIL)
+    steps = (
+        rows.select(
+            "rank", pl.col("seq").alias("step"),
+            (detail.struct.field("step_us") / 1000.0).alias("step_ms"),
+            ((detail.struct.field("step_us") - detail.struct.field("nccl_us").fill_null(0.0)) / 1000.0).alias("outside_ms"),
+        )
+        .filter(pl.col("step_ms").is_not_null())
+        # One trace per rank and step; a rank traced twice keeps its first reading of a step.
+        .unique(["rank", "step"], keep="first")
+        .with_columns(pl.col("rank").is_in(sorted(int(r) for r in culprit_ranks)).alias("culprit"))
+    )
+    ranks = steps.select("rank", "culprit").unique().sort(["culprit", "rank"], descending=[True, False])
+    total = ranks.height
+    others = ranks.filter(~pl.col("culprit"))
+    room = max(max_ranks - (total - others.height), 0)
+    stride = max(1, -(-others.height // room)) if room else others.height + 1
+    kept = pl.concat([ranks.filter(pl.col("culprit")), others.gather_every(stride).head(room)]).select("rank")
+    per_rank = _runs(steps.join(kept, on="rank", how="semi").sort(["rank", "step"]), ["rank"])
+    every = ((pl.col("_n") + max_steps - 1) // max_steps).clip(lower_bound=1)
+    thinned = per_rank.filter((pl.col("_pos") % every == 0) | (pl.col("_pos") == pl.col("_n") - 1))
+    return thinned.drop("_pos", "_n").select("rank", "step", "step_ms", "outside_ms", "culprit"), total

@@ -167,7 +167,8 @@
       return series[key];
     }
     function push(t, x, y, hover, cls, inferred, ev) {
-      t.x.push(x); t.y.push(y); t.hovertext.push(hover);
+      // Each class has its own sub-row in the lane, so markers of different kinds at one time stay visible.
+      t.x.push(x); t.y.push(y + (cls.dy || 0)); t.hovertext.push(hover);
       t.marker.symbol.push(inferred ? cls.symbol_open : cls.symbol);
       t.marker.size.push(cls.size + (ev ? 4 : 0));
       t.marker.line.color.push(ev === 2 ? "#b3261e" : (ev ? "#333333" : cls.color));
@@ -187,7 +188,7 @@
               showlegend: false, hoverinfo: "skip", xaxis: D.panels[m.panel[i]].axis, yaxis: "y",
               x: [], y: [], line: {color: "rgba(90,90,90,0.45)", width: 3}
             };
-            s.x.push(m.lo[i], m.hi[i], null); s.y.push(y, y, null);
+            s.x.push(m.lo[i], m.hi[i], null); s.y.push(y + (c.dy || 0), y + (c.dy || 0), null);
           }
         }
       } else {
@@ -198,9 +199,10 @@
         }
       }
     }
+    // Larger glyphs first, so that a smaller one drawn at the same place lies on top of them.
     var keys = Object.keys(series).sort(function (a, b) {
       var pa = a.split("|").map(Number), pb = b.split("|").map(Number);
-      return pa[1] - pb[1] || pa[0] - pb[0];
+      return D.classes[pb[1]].size - D.classes[pa[1]].size || pa[1] - pb[1] || pa[0] - pb[0];
     });
     var seen = {};
     var data = keys.map(function (key) {
@@ -231,11 +233,12 @@
       }
     }
     var layout = {
-      height: Math.max(320, 24 * n + 170),
-      margin: {l: Math.min(460, 40 + 6.2 * longest), r: 24, t: 90, b: 60},
+      // Taller lanes while there are few, so that the classes' sub-rows stay apart.
+      height: Math.max(320, (n > 120 ? 24 : (n > 40 ? 32 : 40)) * n + 110),
+      margin: {l: Math.min(460, 40 + 6.2 * longest), r: 24, t: 30, b: 60},
+      showlegend: false,  // the page's legend above the plot names every glyph, with what it means
       hovermode: "closest",
       hoverlabel: {align: "left", font: {family: "monospace", size: 11}},
-      legend: {orientation: "h", x: 0, y: 1.01, yanchor: "bottom", font: {size: 11}},
       yaxis: {tickvals: tickvals, ticktext: ticktext, range: [n - 0.5, -0.5], autorange: false,
         zeroline: false, showgrid: false, tickfont: {size: 11}},
       shapes: shapes,
@@ -326,6 +329,60 @@
     }
   };
 
+  // --- step time per rank (slow jobs) ---------------------------------------------------------------
+
+  function stepFigure(S) {
+    // One line per rank on two panels: the step's duration, and the part of it outside NCCL kernels.
+    var byRank = {}, order = [], i;
+    for (i = 0; i < S.rank.length; i++) {
+      if (!byRank[S.rank[i]]) { byRank[S.rank[i]] = []; order.push(S.rank[i]); }
+      byRank[S.rank[i]].push(i);
+    }
+    var data = [];
+    [["step_ms", "x", "step duration"], ["outside_ms", "x2", "outside collectives"]].forEach(function (panel, p) {
+      order.forEach(function (rank) {
+        var rows = byRank[rank], culprit = S.culprit[rows[0]] === 1;
+        var name = "rank " + rank + (culprit ? " (culprit)" : "");
+        data.push({
+          type: "scatter", mode: "lines+markers", name: name, legendgroup: "r" + rank, showlegend: p === 0 && (culprit || order.length <= 12),
+          xaxis: panel[1], yaxis: p === 0 ? "y" : "y2",
+          x: rows.map(function (r) { return S.step[r]; }), y: rows.map(function (r) { return S[panel[0]][r]; }),
+          hovertext: rows.map(function (r) {
+            return "<b>" + name + "</b> step " + S.step[r] + "<br>step " + S.step_ms[r].toFixed(1) + " ms, outside collectives " +
+              S.outside_ms[r].toFixed(1) + " ms";
+          }),
+          hoverinfo: "text",
+          line: {color: culprit ? "#b3261e" : "rgba(90,100,115,0.55)", width: culprit ? 3 : 1.2},
+          marker: {size: culprit ? 7 : 4, symbol: culprit ? "diamond" : "circle", color: culprit ? "#b3261e" : "rgba(90,100,115,0.7)"}
+        });
+      });
+    });
+    // Culprits drawn last, on top of the others.
+    data.sort(function (a, b) { return (a.line.width > 2) - (b.line.width > 2); });
+    var axis = function (domain, title) {
+      return {domain: domain, anchor: "free", title: {text: title, font: {size: 12}}, tickformat: "d", showline: true,
+        linecolor: "#b0b6bf", gridcolor: "#eceef1", zeroline: false};
+    };
+    var x1 = axis([0, 0.47], "step"), x2 = axis([0.53, 1], "step");
+    x1.anchor = "y"; x2.anchor = "y2";
+    return {data: data, layout: {
+      height: 320, margin: {l: 60, r: 24, t: 40, b: 50}, hovermode: "closest", plot_bgcolor: "#ffffff",
+      hoverlabel: {align: "left", font: {family: "monospace", size: 11}},
+      legend: {orientation: "h", x: 0, y: 1.02, yanchor: "bottom", font: {size: 11}},
+      xaxis: x1, xaxis2: x2,
+      yaxis: {anchor: "x", rangemode: "tozero", title: {text: "step duration (ms)", font: {size: 12}}, gridcolor: "#eceef1"},
+      yaxis2: {anchor: "x2", rangemode: "tozero", title: {text: "outside collectives (ms)", font: {size: 12}}, gridcolor: "#eceef1"}
+    }};
+  }
+
+  function drawSteps(D) {
+    var node = document.getElementById("steps-plot");
+    if (!node || !D.steps) { return Promise.resolve(); }
+    var fig = stepFigure(D.steps);
+    return Plotly.react(node, fig.data, fig.layout, {displaylogo: false, responsive: true, scrollZoom: false,
+      modeBarButtonsToRemove: ["select2d", "lasso2d"], toImageButtonOptions: {filename: "postmortem-step-times"}});
+  }
+
   // --- full inputs table (large jobs) -------------------------------------------------------------
 
   function inputsTable(D) {
@@ -397,7 +454,7 @@
         timeline.controls(list, redraw);
         return timeline.draw(plot);
       }
-      return redraw().then(function () {
+      return Promise.all([redraw(), drawSteps(D)]).then(function () {
         plot.on("plotly_click", function (ev) {
           if (!ev || !ev.points || !ev.points.length) { return; }
           var row = timeline.rows()[Math.round(ev.points[0].y)];
