@@ -435,6 +435,31 @@ def test_wheel_ships_plotly_and_the_page_assets(tmp_path):
         assert needed in names
 
 
+def test_every_marker_class_has_its_own_shape_colour_and_legend_entry():
+    styles = html_mod.STYLE
+    assert set(styles) == set(html_mod.CLASSES)
+    assert len({s.symbol for s in styles.values()}) == len(styles)  # readable without colour
+    assert len({s.color for s in styles.values()}) == len(styles)
+    assert all(s.symbol in html_mod._SVG_SHAPES and abs(s.offset) < 0.5 for s in styles.values())
+    page = render_html(analyze(HANG))
+    drawn = [c["id"] for c in embedded_payload(page)["classes"]]
+    legend = re.findall(r'<li data-cls="([^"]+)" data-symbol="([^"]+)"><svg', page[page.index('id="timeline-legend"'):])
+    assert [cls for cls, _ in legend] == drawn and "watchdog" in drawn
+    assert all(symbol == styles[cls].symbol for cls, symbol in legend)
+
+
+def test_step_time_panel_only_with_trace_step_times():
+    slow = ROOT / "fixtures" / "recorded" / "slow_rank_traced" / "job"
+    analysis = analyze(slow)
+    page = render_html(analysis)
+    culprits = analysis.report["verdict"]["culprit_ranks"]
+    assert culprits and f'<div id="steps" data-culprits="{",".join(map(str, culprits))}">' in page
+    steps = embedded_payload(page)["steps"]
+    assert sorted(set(steps["rank"])) == [0, 1] and {r for r, c in zip(steps["rank"], steps["culprit"]) if c} == set(culprits)
+    hang = render_html(analyze(HANG))
+    assert 'id="steps"' not in hang and "steps" not in embedded_payload(hang)
+
+
 # --- in Chromium ---------------------------------------------------------------------------------
 
 browser_reason = unavailable_reason()

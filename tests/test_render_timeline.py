@@ -17,6 +17,7 @@ from analyzer.render.timeline import (
     collective_marks,
     evidence_frame,
     rank_ranges,
+    step_times,
     unit_markers,
     unit_table,
 )
@@ -207,7 +208,8 @@ def test_recorded_hang_lanes_clock_and_collectives():
     lanes = timeline.lanes
     assert lanes.select("label", "culprit").rows() == [("rank 0 (vm)", False), ("rank 1 (vm)", True)]
     assert lanes.get_column("state").to_list() == ["waiting in ALLREDUCE #2", "last enqueued #1, last completed #1"]
-    assert timeline.clocks.rows() == [("c10d-year-inferred", 16, True)]
+    # 17 events on 16 lines: the "Stack trace of the failed collective" line is also a vocabulary hit.
+    assert timeline.clocks.rows() == [("c10d-year-inferred", 17, True)]
     seq = timeline.markers.filter(pl.col("panel") == "seq")
     waiting = seq.filter(pl.col("cls") == "coll.waiting")
     assert waiting.select("lane", "x", "op").rows() == [(0, 2.0, "ALLREDUCE")]
@@ -221,3 +223,38 @@ def test_deterministic():
     two = build_timeline(analysis.events.sample(fraction=1.0, shuffle=True, seed=3), culprit_ranks=[1])
     for name in ("lanes", "markers", "members", "units", "clocks"):
         assert getattr(one, name).equals(getattr(two, name)), name
+
+
+def trace_steps(ranks: int, steps: int, slow: int, extra_rows: list[dict] | None = None) -> pl.DataFrame:
+    """`trace.step` events of a synchronised job: every step lasts 60 ms on every rank; the slow rank
+    computes 55 ms of it, the others 5 ms and wait the rest inside NCCL."""
+    rows = []
+    for r in range(ranks):
+        for s in range(steps):
+            nccl = 5_000.0 if r == slow else 55_000.0
+            rows.append({"rank": r, "seq": 10 + s, "kind": "trace.step", "file": f"traces/rank{r}.json", "line": 0,
+                         "detail": f'{{"step_us": 60000.0, "nccl_us": {nccl}, "compute_us": 1.0, "idle_us": 0.0}}'})
+    return events([*(extra_rows or []), *rows])
+
+
+def test_step_times_per_rank_and_step_with_the_time_outside_collectives():
+    frame, total = step_times(trace_steps(4, 3, slow=2, extra_rows=[{"kind": "train.step", "text": "step 1 loss 2"}]), [2])
+    assert total == 4 and frame.height == 12
+    assert frame.filter(pl.col("culprit")).get_column("rank").unique().to_list() == [2]
+    outside = frame.group_by("culprit").agg(pl.col("outside_ms").mean()).sort("culprit").get_column("outside_ms").to_list()
+    assert outside == [5.0, 55.0]
+    assert frame.get_column("step_ms").unique().to_list() == [60.0]
+    assert frame.filter(pl.col("rank") == 0).get_column("step").to_list() == [10, 11, 12]
+
+
+def test_step_times_keep_the_culprits_and_thin_the_rest():
+    frame, total = step_times(trace_steps(100, 30, slow=77), [77], max_ranks=10, max_steps=8)
+    ranks = frame.get_column("rank").unique().sort().to_list()
+    assert total == 100 and len(ranks) == 10 and 77 in ranks and ranks[0] == 0
+    per_rank = frame.group_by("rank").agg(pl.len(), pl.col("step").max()).get_column("len").unique().to_list()
+    assert max(per_rank) <= 9 and frame.get_column("step").max() == 39  # evenly thinned, the last step kept
+
+
+def test_no_step_times_without_trace_steps():
+    frame, total = step_times(events(hang_rows(8, 3)), [3])
+    assert frame.height == 0 and total == 0
