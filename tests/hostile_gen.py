@@ -8,13 +8,14 @@ tests/test_hostile_bounds.py runs every item in a child process and bounds its t
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import shutil
 import sqlite3
 import struct
+import tarfile
 import zipfile
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -383,11 +384,7 @@ def link_out_of_root(job: Path, scale: float) -> str:
 
 def long_member_name(job: Path, scale: float) -> str:
     _companion(job)
-    import tarfile
-
     name = "n" * max(1 * MB, int(16 * MB * scale)) + ".log"
-    import io
-
     body = (WARN + "\n").encode()
     info = tarfile.TarInfo(name)
     info.size = len(body)
