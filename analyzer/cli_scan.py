@@ -80,7 +80,7 @@ def scan_command(roots: tuple[Path, ...], out: Path, jsonl: Path | None, html_ou
     """
     from analyzer.fleet import ScanError
     from analyzer.fleet.jobs import find_jobs
-    from analyzer.fleet.scan import findings_path, scan, write_outputs
+    from analyzer.fleet.scan import events_path, findings_path, scan, write_outputs
     from analyzer.fleet.store import default_store_path
     from analyzer.fleet.view import exit_status, fleet_view
     from analyzer.render.fleet_text import print_fleet_summary, print_job_search
@@ -88,7 +88,7 @@ def scan_command(roots: tuple[Path, ...], out: Path, jsonl: Path | None, html_ou
     if not roots and manifest is None:
         raise CannotAnalyse("give at least one ROOT directory, or --manifest FILE")
     store = None if no_cache else (cache_path or default_store_path(out))
-    outputs = [p for p in (out, findings_path(out), jsonl, html_out) if p is not None]
+    outputs = [p for p in (out, findings_path(out), events_path(out), jsonl, html_out) if p is not None]
     for path, what in ((out, "scan table"), (jsonl, "JSON Lines"), (html_out, "fleet page"), (store, "scan store")):
         if path is not None:
             _prepare_output(path, what)

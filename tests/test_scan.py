@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -133,7 +134,8 @@ def test_html_and_summary_show_the_recurring_hosts(outputs, first_scan):
     result, _ = first_scan
     page = (outputs / "night.html").read_text(encoding="utf-8")
     assert all(host in page for host in RECURRING)
-    assert "<script" not in page and "http://" not in page and "https://" not in page
+    # Log text may quote a URL (CUDA's "download a new driver from http://..."): nothing is *loaded* from one.
+    assert "<script" not in page and not re.search(r"""(?:src|href)\s*=\s*["']?\w+://""", page)
     summary = result.output[result.output.index("Repeat-offender hosts"):]
     assert summary.index(RECURRING[0]) < summary.index("n0") and summary.index(RECURRING[1]) < summary.index("n0")
 
@@ -161,7 +163,9 @@ def test_ray_engine_gives_the_same_rows(night, outputs, first_scan):
     ray_rows = pl.read_parquet(outputs / "ray.parquet")
     # analyzer_hash identifies the code: it differs only if the checkout was edited between the two scans.
     same = [c for c in ray_rows.columns if c not in (*VOLATILE_COLUMNS, "analyzer_hash")]
-    assert_frame_equal(ray_rows.select(same), first_scan[1].select(same))
+    made_by = first_scan[1].select("analyzer_version", "analyzer_hash", "catalogue_hash").row(0, named=True)
+    with code_unchanged(made_by):
+        assert_frame_equal(ray_rows.select(same), first_scan[1].select(same))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -201,3 +201,17 @@ def test_findings_and_events_tables(tmp_path, versions_at_start):
         again = run("scan", tmp_path / "night", "--out", out, "--events", "-j", 2)
         assert "2 jobs: 0 analysed, 2 reused" in again.output
         assert pl.read_parquet(tmp_path / "out" / "night.events.parquet").height == events.height
+
+
+def test_the_ray_engine_times_a_job_out_too(tmp_path):
+    ray = pytest.importorskip("ray", reason="the Ray engine needs the ray extra")
+    jobs = [str(make_job(tmp_path / name)) for name in ("a", scan_hooks.SLOW_NAME)]
+    # The workers import the test's task by name: they need this checkout on their path.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    try:
+        result = scan(jobs, engine="ray", job_timeout=30, task=scan_hooks.sleeping_task)
+    finally:
+        ray.shutdown()
+    statuses = dict(result.frame.select(pl.col("job").str.extract(r"([^/]+)$"), "status").iter_rows())
+    assert statuses == {"a": STATUS_ANALYSED, scan_hooks.SLOW_NAME: STATUS_TIMED_OUT}
