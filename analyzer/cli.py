@@ -170,10 +170,19 @@ def rules() -> None:
 
 
 @rules.command("list")
-def rules_list() -> None:
-    """List every signature: id, category, severity, title."""
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def rules_list(fmt: str) -> None:
+    """List every signature: id, category, severity, title (JSON: also role, priority, what it reads)."""
     from analyzer.rules import catalogue
 
+    if fmt == "json":
+        click.echo(json.dumps([
+            {"id": r.id, "category": r.category, "severity": r.severity, "title": r.title, "role": r.role,
+             "priority": r.priority, "confidence": r.confidence, "analysis": r.analysis, "kinds": list(r.match.get("kinds", [])),
+             "fallback": r.fallback, "cause_of": list(r.cause_of), "references": list(r.references)}
+            for r in catalogue()
+        ], indent=2))
+        return
     for rule in catalogue():
         click.echo(f"{rule.id:48} {rule.category:38} {rule.severity:8} {rule.title}")
 

@@ -295,3 +295,13 @@ def test_each_line_is_evidence_once_under_the_best_ranked_finding():
     cited = [(e["file"], e["line"], e["text"]) for f in findings for e in f["evidence"]]
     assert len(cited) == len(set(cited)), "a line is shown as evidence under two findings"
     assert findings[0]["evidence"], "the verdict keeps its evidence"
+
+
+def test_rules_list_as_json_names_every_signature():
+    from analyzer.rules import catalogue
+
+    result = CliRunner().invoke(main, ["rules", "list", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.output)
+    assert [r["id"] for r in listed] == [r.id for r in catalogue()]
+    assert all({"id", "category", "severity", "title", "role"} <= set(r) for r in listed)
