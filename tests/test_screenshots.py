@@ -37,7 +37,7 @@ TRACES = """
 var gd = document.getElementById('timeline-plot');
 return gd.data.filter(function (t) { return t.mode === 'markers'; }).map(function (t) {
   var symbols = Array.isArray(t.marker.symbol) ? t.marker.symbol : [t.marker.symbol];
-  return {cls: t.legendgroup, axis: t.xaxis, symbol: String(symbols[0]).replace('-open', ''), color: t.marker.color,
+  return {cls: t.legendgroup, name: t.name, hover: t.hovertext[0], axis: t.xaxis, symbol: String(symbols[0]).replace('-open', ''), color: t.marker.color,
           points: t.x.map(function (x, i) { return [x, t.y[i]]; })};
 });
 """
@@ -82,6 +82,10 @@ def _check_markers(browser) -> list[dict]:
     # The legend lists each class drawn, and no other.
     legend = browser.js("return Array.from(document.querySelectorAll('#timeline-legend li[data-cls]')).map(li => li.dataset.cls)")
     assert sorted(legend) == sorted({t["cls"] for t in traces})
+    # Hovering a marker names its class first.
+    for t in traces:
+        assert t["hover"].startswith(f"<b>{t['name']}</b>"), (t["cls"], t["hover"][:80])
+    assert browser.visible("#timeline-legend")
     # Distinct glyphs: one (symbol, colour) per class, and no two classes alike.
     style = {t["cls"]: (t["symbol"], t["color"]) for t in traces}
     assert len(set(style.values())) == len(style), style
