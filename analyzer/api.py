@@ -73,9 +73,10 @@ def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()
     decision = decide(detection.findings, rules)
     checkpoints = _checkpoint_records(events, job, detection.problems)
     if not (decision.ranked.height or checkpoints or _holds_training_lines(events, inputs)):
-        read = sum(item.status in _READ for item in inputs)
+        source = sum(item.format == "source" for item in inputs)  # sniffed, then set aside as code
+        read = sum(item.status in _READ for item in inputs) + source
         raise NoTrainingLogs(f"{path}: no training logs found: {read} file{'s' if read != 1 else ''} read, "
-                             "none of a known format")
+                             "none of a known format" + (f" ({source} source code or markup)" if source else ""))
     report = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems,
                           checkpoints)
     return Analysis(events, decision.ranked, facts, inputs, report)
