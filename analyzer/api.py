@@ -158,8 +158,9 @@ def _checkpoint_records(events: pl.DataFrame, job: JobContext, problems: list[st
 def _host_fact_records(events: pl.DataFrame, problems: list[str]) -> list[dict]:
     """Per-host facts table (versions, plugin, env, GPUs) with the cells that differ named."""
     from analyzer.hostfacts import host_fact_records
+    from analyzer.knownissues import notes_by_host
 
-    return host_fact_records(events)
+    return host_fact_records(events, notes_by_host(events))
 
 
 def _finding_doc(row: dict, rule: Rule, by_id: dict, shown: set[int]) -> dict:

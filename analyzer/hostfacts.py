@@ -487,9 +487,10 @@ def fact_table(events: pl.DataFrame) -> pl.DataFrame:
     return table.select("host", "ranks", "addresses", *fact_columns, *env_columns, "differs").sort("host")
 
 
-def host_fact_records(events: pl.DataFrame) -> list[dict]:
+def host_fact_records(events: pl.DataFrame, notes: dict[str, list[dict]] | None = None) -> list[dict]:
     """`job.host_facts` of the report: one record per host, `differs` naming the marked cells
-    (fact names, `env.NAME` for variables), `per_rank` the ranks of a host that disagree."""
+    (fact names, `env.NAME` for variables), `per_rank` the ranks of a host that disagree,
+    `known_issues` the notes given per host (`analyzer.knownissues.notes_by_host`)."""
     table = fact_table(events)
     if table.height == 0:
         return []
@@ -508,7 +509,7 @@ def host_fact_records(events: pl.DataFrame) -> list[dict]:
         record = {"rank": row["rank"], "pid": row["pid"], **_split_env(detail)}
         per_rank_by_host.setdefault(row["host"], []).append(record)
     shared = set(address_clashes(facts.observations).get_column("host").to_list())
-    notes = _known_issue_notes(events)
+    notes = notes or {}
     records = []
     fact_names = [name for name, _ in FACTS]
     for row in table.iter_rows(named=True):  # one row per host
@@ -525,21 +526,6 @@ def host_fact_records(events: pl.DataFrame) -> list[dict]:
             "known_issues": notes.get(row["host"], []),
         })
     return records
-
-
-def _known_issue_notes(events: pl.DataFrame) -> dict[str, list[dict]]:
-    """Per host, the known-issue entries its versions fall in (the report's info-level note; a
-    symptom that shows makes the entry a finding in detect). A lookup of versions in the table
-    (`analyzer.knownissues`), not a judgement of the run."""
-    from analyzer.knownissues import host_notes
-
-    notes: dict[str, list[dict]] = {}
-    for row in host_notes(events).iter_rows(named=True):  # one row per (host, affected entry)
-        notes.setdefault(row["host"], []).append(
-            {"id": row["issue_id"], "versions": row["versions"], "fixed_in": row["fixed_in"], "title": row["title"],
-             "facts": row["facts"], "severity": "info"}
-        )
-    return notes
 
 
 def _split_env(detail: dict) -> dict:

@@ -377,6 +377,18 @@ def markdown_table(issues: tuple[KnownIssue, ...] | None = None) -> str:
         lines.append(f"| `{issue.id}` | {cell} | {issue.fixed_in} | {issue.category} | {symptom} | {sources} |")
     return "\n".join(lines) + "\n"
 
+def notes_by_host(events: pl.DataFrame) -> dict[str, list[dict]]:
+    """Per host, the known-issue entries its versions fall in (the report's info-level note; a
+    symptom that shows makes the entry a finding in detect). A lookup of versions in the table
+    (`host_notes`), not a judgement of the run; the report's host facts carry them."""
+    notes: dict[str, list[dict]] = {}
+    for row in host_notes(events).iter_rows(named=True):  # one row per (host, affected entry)
+        notes.setdefault(row["host"], []).append(
+            {"id": row["issue_id"], "versions": row["versions"], "fixed_in": row["fixed_in"], "title": row["title"],
+             "facts": row["facts"], "severity": "info"}
+        )
+    return notes
+
 
 def main(argv: list[str]) -> int:
     if argv != ["--markdown"]:

@@ -75,8 +75,6 @@ def test_no_import_circle_among_analyzer_modules():
     assert find_cycle(graph) is None
 
 
-@pytest.mark.xfail(strict=False, reason="hostfacts imports knownissues (host notes) and knownissues imports hostfacts "
-                                        "(the version facts): both lazily, inside functions; not this change's to move")
 def test_no_known_circle_is_left():
     assert find_cycle(import_graph()) is None
 
