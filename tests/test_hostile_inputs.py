@@ -675,7 +675,10 @@ def test_an_nccl_record_spliced_into_a_rank_line_keeps_its_process_not_the_rank(
         (1, "kolyoz3", 3071, WARN_PEER, *expected_ranks)
     ]
     assert warn.item(0, "text") == wrap.format(WARN_3071.rstrip("\n"), r=1)  # the evidence shows the record, not the line
-    half = events.filter((pl.col("line") == 1) & (pl.col("kind") != "nccl.warn"))
+    # A vocabulary hit annotates the record it was found in: same attribution as the WARN.
+    vocabulary = events.filter((pl.col("line") == 1) & pl.col("kind").str.starts_with("vocab."))
+    assert set(vocabulary.select("rank", "local_rank").rows()) <= {expected_ranks}
+    half = events.filter((pl.col("line") == 1) & (pl.col("kind") != "nccl.warn") & ~pl.col("kind").str.starts_with("vocab."))
     assert half.select("rank", "kind").rows() == [(0, "c10d.error")]
     assert not half.get_column("message").str.contains("NET/IB").any()
 
@@ -726,4 +729,6 @@ def test_interleaved_lines_are_counted_as_physical_lines(tmp_path):
     entry = inputs_of(report)["console.log"]
     assert (entry["lines"], entry["unparsed_lines"]) == (2, 1)
     events = events_of(job, "console.log").filter(pl.col("kind") != "log.last")
-    assert events.select("line", "kind").rows() == [(1, "c10d.error"), (1, "nccl.warn")]
+    records = events.filter(~pl.col("kind").str.starts_with("vocab."))  # vocabulary hits annotate a record's line
+    assert records.select("line", "kind").rows() == [(1, "c10d.error"), (1, "nccl.warn")]
+    assert set(events.filter(pl.col("kind").str.starts_with("vocab."))["line"].to_list()) <= {1}
