@@ -697,6 +697,20 @@ def _tar_member_row(member: tarfile.TarInfo, rel: str) -> InputFile | None:
     return None
 
 
+def _tar_entries(tar: tarfile.TarFile, archive: InputFile) -> Iterator[tuple[str, tarfile.TarInfo, InputFile | None]]:
+    """(display name, member, row) per member of an open tar; `row` is the input row of a member
+    that is not read (a link, a device, a sparse or oversized member; the member cap). The headers
+    read are dropped as the iteration goes: a million members must not be kept."""
+    for count, member in enumerate(tar, start=1):
+        rel = f"{archive.path}!{_display_name(member.name)}"
+        if count > MAX_FILES:
+            yield rel, member, InputFile(rel, status="skipped", capped=True,
+                                         reason=f"archive member cap {MAX_FILES} reached: the rest of the archive not read")
+            return
+        yield rel, member, _tar_member_row(member, rel)
+        tar.members.clear()
+
+
 def _tar_on_disk(archive: InputFile, depth: int, budget: _Budget) -> Iterator[InputFile]:
     """Members of an uncompressed tar on disk are read from the archive on demand, never extracted:
     `../` names cannot escape anything."""
@@ -705,13 +719,7 @@ def _tar_on_disk(archive: InputFile, depth: int, budget: _Budget) -> Iterator[In
         return
     try:
         with tarfile.open(archive._disk_path, "r:") as tar:
-            for count, member in enumerate(tar, start=1):
-                rel = f"{archive.path}!{_display_name(member.name)}"
-                if count > MAX_FILES:
-                    yield InputFile(rel, status="skipped", capped=True,
-                                    reason=f"archive member cap {MAX_FILES} reached: the rest of the archive not read")
-                    break
-                row = _tar_member_row(member, rel)
+            for rel, member, row in _tar_entries(tar, archive):
                 if row is not None:
                     yield row
                     continue
@@ -735,7 +743,6 @@ def _tar_on_disk(archive: InputFile, depth: int, budget: _Budget) -> Iterator[In
                     yield item
                     continue
                 yield from _unpack(item, head, depth + 1, budget)
-                tar.members.clear()  # the iteration keeps every header read: a million members must not
     except (tarfile.TarError, OSError, EOFError) as exc:
         archive.format = "tar"
         archive.skip(f"unreadable archive: {exc}", status="error")
@@ -750,19 +757,12 @@ def _tar_stream(archive: InputFile, stream: io.IOBase, depth: int, budget: _Budg
         return
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for count, member in enumerate(tar, start=1):
-                rel = f"{archive.path}!{_display_name(member.name)}"
-                if count > MAX_FILES:
-                    yield InputFile(rel, status="skipped", capped=True,
-                                    reason=f"archive member cap {MAX_FILES} reached: the rest of the archive not read")
-                    break
-                row = _tar_member_row(member, rel)
+            for rel, member, row in _tar_entries(tar, archive):
                 if row is not None:
                     yield row
                 elif member.isfile():
                     yield from _from_stream(rel, tar.extractfile(member), member.size, depth + 1, budget,
                                             note=_member_name_note(member.name))
-                tar.members.clear()  # the iteration keeps every header read: a million members must not
     except READ_ERRORS as exc:
         archive.format = "tar"
         archive.skip(f"archive not read to its end: {exc}", status="error")
