@@ -26,6 +26,7 @@ from analyzer.api import NothingToAnalyse, analyze
 from analyzer.discover import InputFile, discover, iter_text_chunks
 from analyzer.events import EVENT_SCHEMA
 from analyzer.parse import PARSERS, TEXT_FORMATS, parse_inputs
+from analyzer.parse.budget import BudgetExceeded
 from analyzer.parse.flight_recorder import FlightRecorderError, decode_dump, flight_recorder_events
 from analyzer.parse.grammars import GRAMMAR_STARTS, grammar, parse_body
 from analyzer.parse.lines import MAX_LINE_CHARS, lines_frame_many, peel_prefixes
@@ -220,14 +221,24 @@ def test_pickle_loader_raises_only_its_own_errors(data):
 def test_flight_recorder_decoder_raises_only_its_own_errors(data):
     try:
         doc = decode_dump(data)
-    except (UnsafePickleError, CorruptPickleError, FlightRecorderError):
-        return
+    except (UnsafePickleError, CorruptPickleError, FlightRecorderError, BudgetExceeded):
+        return  # BudgetExceeded: e.g. a 300-byte pickle declaring a 553 MB string, refused by the memory budget
     try:
         events, summary = flight_recorder_events(doc, file="nccl_trace_rank_0", rank=0)
     except FlightRecorderError:
         return
     assert dict(events.schema) == EVENT_SCHEMA and summary["status"] in ("parsed", "partial")
     assert (summary["status"] == "partial") == bool(summary["reason"])
+
+
+def test_a_tiny_pickle_declaring_a_huge_string_is_refused_not_loaded():
+    # Found by Hypothesis (6.170): BINUNICODE with a 4-byte length of 0x2100000f (553 MB) in 300 bytes.
+    data = (b"\x80\x02}q\x00(X\x07\x00\x00\x00entriesq\x01]q\x02(}q\x03(X\x02\x00\x00\x00\xc2\x80q\x04]q\x05("
+            b"J\xff\xff\xff\xff]q\x06(X\x00\x00\x00\x00q\x07X\x0f\x00\x00!\x00nccl:all_reduceq\x08ee.")
+    with pytest.raises((UnsafePickleError, CorruptPickleError, FlightRecorderError, BudgetExceeded)):
+        decode_dump(data)
+    with pytest.raises((UnsafePickleError, CorruptPickleError, BudgetExceeded)):
+        load_untrusted_pickle(data)
 
 
 ENTRY = {"record_id": 0, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1, "p2p_seq_id": 0,
