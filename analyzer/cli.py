@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 
 from analyzer import __version__
+from analyzer.outputs import check_writable
 from analyzer.exits import (
     EXIT_CANNOT_ANALYSE,
     EXIT_FAILURE_FOUND,
@@ -73,26 +74,6 @@ _debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eag
 @_debug_option
 def main() -> None:
     """Post-mortem analysis of crashed, hung and slow distributed training jobs."""
-
-
-def check_writable(path: Path, what: str) -> None:
-    """Fail before any work when `path` cannot be written: a missing folder, a folder in its place, no
-    permission. An existing file is opened for appending (nothing written); a new one is created and
-    removed again, which also catches read-only file systems and root-squashed mounts."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise CannotAnalyse(f"cannot write the {what} to {path}: it is a directory")
-    if not parent.is_dir():
-        reason = "is not a directory" if parent.exists() else "does not exist"
-        raise CannotAnalyse(f"cannot write the {what} to {path}: the folder {parent} {reason}")
-    existed = path.exists()
-    try:
-        with path.open("ab"):
-            pass
-    except OSError as exc:
-        raise CannotAnalyse(f"cannot write the {what} to {path}: {exc.strerror or exc}") from exc
-    if not existed:
-        path.unlink(missing_ok=True)
 
 
 def _write(path: Path, text: str, what: str) -> None:

@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 
 from analyzer.exits import CannotAnalyse
+from analyzer.outputs import check_writable
 
 PIPE_WIDTH = 4096  # piped or redirected: lines as long as they are
 
@@ -31,13 +32,9 @@ def _prepare_output(path: Path, what: str) -> None:
     """Create the output's folder and fail now, before a night of work, if the file cannot be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        existed = path.exists()
-        with path.open("ab"):
-            pass
-        if not existed:
-            path.unlink()
     except OSError as exc:
         raise CannotAnalyse(f"cannot write the {what} to {path}: {exc.strerror or exc}") from exc
+    check_writable(path, what)
 
 
 @click.command("scan")
