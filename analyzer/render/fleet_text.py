@@ -13,33 +13,25 @@ instead, left to the terminal to wrap (so `| grep` and copy-paste see whole line
 from __future__ import annotations
 
 import io
-import re
 from collections.abc import Sequence
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape as escape_markup
 from rich.table import Table
 from rich.text import Text
 
 from analyzer.fleet.jobs import JobSearch
 from analyzer.fleet.view import FleetView
+from analyzer.render.text import escape
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 MAX_LISTED = 4  # hosts or categories in one cell
 MAX_ERROR_CHARS = 300
 PIPE_WIDTH = 4096  # wider than any table: the width at which nothing is cut
 
 
 def shown(text: object) -> str:
-    """`text` safe to print through rich: controls and bidi marks escaped, markup escaped."""
-    plain = _UNSAFE.sub(_escaped, str(text))
-    return escape_markup(plain)
-
-
-def _escaped(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    """`text` safe to print through rich as one line: controls and bidi marks escaped, markup escaped."""
+    return escape(text, one_line=True)
 
 
 def _stack(values: Sequence[str] | None) -> str:

@@ -13,15 +13,20 @@ from analyzer.render.tables import VARIES, checkpoint_parts, compact_hosts, host
 # starts CSI/OSC sequences, CR overwrites the line), DEL, C1 controls (U+009B is a one-byte CSI),
 # and the bidirectional overrides, embeddings and isolates that make text read differently from
 # what it is ("Trojan Source"). Each is shown as its escape, so the reader sees it was there.
+# Line and paragraph separators and lone surrogates (undecodable bytes) are shown as escapes too.
 _INERT = {
     **{c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))},
-    **{c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))},
+    **{c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+                                   *range(0xD800, 0xE000))},
 }
+# A name (a file, a job directory) is one line: its tab and newline are escaped as well.
+_INERT_ONE_LINE = {**_INERT, 0x09: "\\x09", 0x0A: "\\x0a"}
 
 
-def escape(text: str) -> str:
-    """Log text is data: rich markup is escaped and terminal control characters made visible escapes."""
-    return _escape_markup(str(text).translate(_INERT))
+def escape(text: object, *, one_line: bool = False) -> str:
+    """Log text is data: rich markup is escaped and terminal control characters made visible escapes;
+    `one_line` (names in tables) also escapes tab and newline."""
+    return _escape_markup(str(text).translate(_INERT_ONE_LINE if one_line else _INERT))
 
 
 _CONFIDENCE_WORDS = ((0.85, "high"), (0.6, "medium"), (0.0, "low"))
