@@ -143,3 +143,13 @@ def test_a_narrow_terminal_folds_file_names_instead_of_cutting_them():
     body = [line for line in out[out.index("Inputs ("):].splitlines() if line.startswith("\u2502")]
     assert "".join(line.split("\u2502")[1].strip() for line in body) == "".join(names)  # folded, nothing lost
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_an_evidence_quote_with_a_newline_stays_on_its_file_line():
+    # error.json messages hold the exception's whole text, newlines included
+    report = analyze(HEALTHY).report
+    quote = {"file": "logs/attempt_0/1/error.json", "line": 1, "text": "DistBackendError: NCCL error\nncclInvalidUsage: usage"}
+    verdict = {**report["verdict"], "category": "other", "confidence": 0.5, "rule_id": "r", "evidence": [quote]}
+    out = text_report({**report, "verdict": verdict})
+    assert "logs/attempt_0/1/error.json:1  DistBackendError: NCCL error\\x0ancclInvalidUsage: usage" in out
+    assert not any(line.startswith("ncclInvalidUsage") for line in out.splitlines())

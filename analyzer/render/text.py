@@ -25,7 +25,8 @@ _INERT_ONE_LINE = {**_INERT, 0x09: "\\x09", 0x0A: "\\x0a"}
 
 def escape(text: object, *, one_line: bool = False) -> str:
     """Log text is data: rich markup is escaped and terminal control characters made visible escapes;
-    `one_line` (names in tables) also escapes tab and newline."""
+    `one_line` (names in tables, evidence quotes, which sit after their file:line) also escapes tab
+    and newline."""
     return _escape_markup(str(text).translate(_INERT_ONE_LINE if one_line else _INERT))
 
 
@@ -71,7 +72,7 @@ def render_text(report: dict, console: Console, *, all_inputs: bool = False) -> 
     if verdict["category"] != "none":
         console.print(f"confidence: {_confidence(verdict['confidence'])}  rule: {verdict['rule_id']}")
     for ev in verdict["evidence"]:
-        console.print(f"  [cyan]{escape(ev['file'])}:{ev['line']}[/cyan]  {escape(ev['text'][:240])}")
+        console.print(f"  [cyan]{escape(ev['file'])}:{ev['line']}[/cyan]  {escape(ev['text'][:240], one_line=True)}")
     findings = report["findings"]
     if findings:
         console.print(f"\n[bold]What to do[/bold]\n{escape(findings[0]['remediation'])}")
@@ -82,7 +83,7 @@ def render_text(report: dict, console: Console, *, all_inputs: bool = False) -> 
             console.print(escape(f"- [{f['severity']}] {f['title']}{tag} [{f['category']}, {f['confidence']:.2f}]"))
             console.print(f"    {escape(f['summary'][:300])}")
             for ev in f["evidence"][:2]:
-                console.print(f"    [cyan]{escape(ev['file'])}:{ev['line']}[/cyan]  {escape(ev['text'][:200])}")
+                console.print(f"    [cyan]{escape(ev['file'])}:{ev['line']}[/cyan]  {escape(ev['text'][:200], one_line=True)}")
     _hosts_table(report, console)
     _checkpoints_table(report, console)
     _inputs_table(report["inputs"], console, all_inputs)
