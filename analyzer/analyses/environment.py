@@ -16,6 +16,9 @@ hosts), no host is named and the summary shows both sides.
 - `gpu_heterogeneity`: a mixed GPU pool; OOMs on its smallest cards; bf16 on cards without it.
 - `gpu_process_table`: nvidia-smi's process table shows several processes of one program on one
   GPU, the extra small ones being stray CUDA contexts of other ranks.
+- `single_host_system_error`: NCCL's `unhandled system error` in a job whose every rank runs on
+  one host, with no line naming a socket or peer: the system call that failed is the shared-memory
+  one (/dev/shm), not the network the generic signature assumes.
 """
 
 from __future__ import annotations
@@ -448,3 +451,36 @@ def gpu_process_table(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             evidence=procs.get_column("event_id").to_list(),
         ))
     return findings_frame(rows)
+
+
+_SYSTEM_ERROR = r"unhan\w*led system error|\bncclSystemError\b|NCCL Error 2\b"
+# Lines that tie a system error to the network (a socket, a peer, an address): then it is not the
+# single host's shared memory. Any NCCL WARN says for itself what failed (its vocabulary row decides).
+_NETWORK_WORDING = r"(?i)socket|connect|remote process|no route to host|\bNET/|bootstrap|\d+\.\d+\.\d+\.\d+"
+
+
+@register("single_host_system_error")
+def single_host_system_error(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
+    """ncclSystemError where every line of the job comes from one host and none points at the network."""
+    if events.height == 0:
+        return findings_frame([])
+    errors = events.filter(pl.col("kind").is_in(["nccl.error_raised", "traceback.exception"])
+                           & pl.col("message").str.contains(_SYSTEM_ERROR))
+    hosts = set(events.get_column("host").drop_nulls().unique().to_list()) | set(job.hosts)
+    multi_node = events.filter((pl.col("kind") == "nccl.topology") & pl.col("message").str.contains(r"nNodes [2-9]|nNodes \d{2,}"))
+    if errors.height == 0 or len(hosts) != 1 or multi_node.height:
+        return findings_frame([])
+    explained = events.filter((pl.col("kind") == "nccl.warn") | pl.col("message").str.contains(_NETWORK_WORDING))
+    if explained.height:
+        return findings_frame([])
+    host = next(iter(hosts))
+    return findings_frame([finding(
+        "nccl-system-error-single-host",
+        hosts=[host],
+        ranks=errors.get_column("rank").drop_nulls().to_list(),
+        confidence=0.5,
+        summary=(f"NCCL reports `unhandled system error` and every rank of the job runs on {host}, with no line naming a "
+                 "socket or a peer: on one host the system calls NCCL makes are its shared-memory segments in /dev/shm "
+                 "(posix_fallocate, mmap), which a container's 64 MB default cannot hold"),
+        evidence=errors.get_column("event_id").head(MAX_EVIDENCE).to_list(),
+    )])

@@ -38,6 +38,11 @@ _IB_MISSING = r"NET/IB ?: ?No device found|Using network Socket|NET/Plugin ?: ?(
 _GDR_OFF = r"GPU Direct RDMA Disabled|GDR(?:DMA)? (?:is )?disabled"
 # `NET/Socket : Using [0]ib0:10.0.0.1<0>` (ib0, ibs3, ibp12s0: IPoIB interface names)
 _SOCKET_OVER_IPOIB = r"NET/Socket ?: ?Using .*?\[\d+\](ib[a-z]*\d[\w.]*)"
+# The environment asks for InfiniBand/RoCE: HCAs or a GID named, or IB explicitly enabled
+# (`NCCL_IB_HCA=mlx5_0`, `NCCL_IB_GID_INDEX=3`, `NCCL_IB_DISABLE set by environment to 0.`).
+_IB_ASKED = r"\bNCCL_IB_(?:HCA|GID_INDEX)(?:=| set )\S|\bNCCL_IB_DISABLE(?:=| set by environment to )0\b"
+# NCCL's IB transport could not open a device and says so before falling back.
+_IB_OPEN_FAILED = r"NET/IB ?: ?Unable to open device|ibv_open_device failed"
 
 
 def _pairs(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
@@ -153,7 +158,16 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     # the job is known to fit on one node, that alone is worth saying (less surely).
     one_node = events.filter((pl.col("kind") == "nccl.topology") & pl.col("message").str.contains(r"nNodes 1\b")).height > 0
     one_node = one_node or (pairs.height > 0 and inter.height == 0 and not pairs.get_column("family").str.starts_with("NET").any())
-    maybe_multi_node = not one_node and over_ipoib.height > 0 and (ib_missing.height or ib_disabled.height)
+    ib_asked = events.filter(pl.col("kind").is_in(["nccl.env", "env.assignment"]) & pl.col("message").str.contains(_IB_ASKED))
+    ib_open_failed = events.filter((pl.col("kind") == "nccl.warn") & pl.col("message").str.contains(_IB_OPEN_FAILED))
+    no_ib_device = ib_missing.filter(pl.col("message").str.contains("No device found")).height > 0
+    # Sockets where the environment names the HCAs (or enables IB) and NCCL found none: the RDMA
+    # NICs the job was configured for are invisible to it (a container without /dev/infiniband,
+    # RDMA not enabled), which matters as soon as traffic crosses nodes.
+    ib_expected = ib_asked.height > 0 and (no_ib_device or ib_open_failed.height > 0)
+    maybe_multi_node = not one_node and (
+        (over_ipoib.height > 0 and (ib_missing.height or ib_disabled.height)) or ib_expected
+    )
     if (multi_node or maybe_multi_node) and not uses_ib and on_sockets:
         why = []
         if ib_disabled.height:
@@ -162,6 +176,12 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             why.append("NCCL found no InfiniBand/RoCE device (NET/IB : No device found)")
         if ib_missing.filter(pl.col("message").str.contains("Plugin|libibverbs")).height:
             why.append("no network plugin or libibverbs was loaded")
+        if ib_expected:
+            settings = ", ".join(sorted(set(ib_asked.get_column("message").str.extract(r"\b(NCCL_IB_\w+)", 1).drop_nulls().to_list())))
+            why.append(f"the environment asks for InfiniBand ({settings}) but NCCL could not use any HCA")
+        if ib_open_failed.height:
+            why.append("NCCL could not open the InfiniBand device (ibv_open_device failed: no /dev/infiniband or no "
+                       "IPC_LOCK in a container, or RDMA not enabled)")
         if over_ipoib.height:
             interface = over_ipoib.get_column("message").str.extract(_SOCKET_OVER_IPOIB, 1).drop_nulls().head(1).to_list()
             why.append(f"the sockets run over the IPoIB interface {interface[0] if interface else ''}: the host has InfiniBand that NCCL does not use")
@@ -171,7 +191,8 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             + (f": {_links_text(socket)}" if socket.height else "")
             + (f"; {'; '.join(why)}" if why else "")
         )
-        evidence = ib_disabled.get_column("event_id").head(2).to_list() + ib_missing.get_column("event_id").head(4).to_list()
+        evidence = ib_disabled.get_column("event_id").head(2).to_list() + ib_open_failed.get_column("event_id").head(2).to_list()
+        evidence += ib_missing.get_column("event_id").head(4).to_list() + ib_asked.get_column("event_id").head(2).to_list()
         evidence += over_ipoib.get_column("event_id").head(2).to_list() + socket.get_column("event_id").head(6).to_list()
         rows.append(
             finding(
