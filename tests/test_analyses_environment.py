@@ -255,3 +255,32 @@ def test_one_gpu_model_everywhere_is_no_finding():
     assert gpu_heterogeneity(events, JobContext()).height == 0
     assert env_drift(events, JobContext()).height == 0
     assert nccl_stack_drift(events, JobContext()).height == 0
+
+
+SINGLE_HOST_RUN = [
+    "# nThread 1 nGpus 4 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 validation: 1",
+    "# Using devices",
+    "#   Rank  0 Pid   2201 on    box-a device  0 [0x18] NVIDIA A10",
+    "#   Rank  1 Pid   2201 on    box-a device  1 [0x3b] NVIDIA A10",
+    "box-a: Test NCCL failure common.cu:777 'unhandled system error'",
+]
+
+
+def test_system_error_on_one_host_is_its_shared_memory(tmp_path):
+    """Issue 17: ncclSystemError with every rank on one host and no socket or peer line: /dev/shm."""
+    (tmp_path / "nccl-tests.log").write_text("\n".join(SINGLE_HOST_RUN) + "\n")
+    report = analyze(tmp_path).report
+    assert report["verdict"]["rule_id"] == "nccl-system-error-single-host"
+    assert report["verdict"]["category"] == "shm_too_small" and report["verdict"]["culprit_hosts"] == ["box-a"]
+
+
+def test_system_error_beside_a_socket_line_stays_the_network(tmp_path):
+    lines = [*SINGLE_HOST_RUN, "box-a:2201:2201 [0] NCCL INFO socketStartConnect: Connect to 10.0.0.9<41233> failed : No route to host"]
+    (tmp_path / "nccl-tests.log").write_text("\n".join(lines) + "\n")
+    assert "nccl-system-error-single-host" not in {f["rule_id"] for f in analyze(tmp_path).report["findings"]}
+
+
+def test_system_error_across_two_hosts_is_not_blamed_on_shared_memory(tmp_path):
+    lines = [*SINGLE_HOST_RUN[:4], "#   Rank  2 Pid   3302 on    box-b device  0 [0x18] NVIDIA A10", SINGLE_HOST_RUN[4]]
+    (tmp_path / "nccl-tests.log").write_text("\n".join(lines) + "\n")
+    assert "nccl-system-error-single-host" not in {f["rule_id"] for f in analyze(tmp_path).report["findings"]}

@@ -141,3 +141,43 @@ def test_sockets_over_ethernet_on_one_host_are_not_blamed(tmp_path):
     lines = [line.replace("[0]ib0", "[0]eth0") for line in IPOIB_NODE]
     (tmp_path / "log.txt").write_text("\n".join(lines) + "\n")
     assert transport_findings(analyze(tmp_path).report) == {}
+
+
+ETHERNET_FALLBACK = [
+    "gpu-3:5120:5120 [0] NCCL INFO Bootstrap : Using eth0:10.2.0.3<0>",
+    "gpu-3:5120:5120 [0] NCCL INFO NET/IB : No device found.",
+    "gpu-3:5120:5120 [0] NCCL INFO NET/Socket : Using [0]eth0:10.2.0.3<0>",
+    "gpu-3:5120:5120 [0] NCCL INFO Using network Socket",
+    "gpu-3:5120:5120 [0] NCCL INFO ncclCommInitRank comm 0x55d0 rank 0 nranks 16 cudaDev 0 busId 1b000 - Init COMPLETE",
+]
+
+
+def test_sockets_where_the_environment_asks_for_infiniband(tmp_path):
+    """Issue 17: HCAs named (or IB enabled) and none found: the RDMA NICs are invisible to NCCL."""
+    env = "gpu-3:5120:5120 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 0."
+    (tmp_path / "log.txt").write_text("\n".join(["export NCCL_IB_HCA=mlx5_0,mlx5_1", env, *ETHERNET_FALLBACK]) + "\n")
+    report = analyze(tmp_path).report
+    summary = transport_findings(report)["transport-multinode-socket"]["summary"]
+    assert "NCCL_IB_DISABLE" in summary and "NCCL_IB_HCA" in summary and summary.startswith("if the job spans")
+    assert report["verdict"]["category"] == "degraded_transport"
+
+
+def test_sockets_over_ethernet_without_an_infiniband_setting_are_not_blamed(tmp_path):
+    (tmp_path / "log.txt").write_text("\n".join(["gpu-3:5120:5120 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.", *ETHERNET_FALLBACK]) + "\n")
+    assert transport_findings(analyze(tmp_path).report) == {}
+
+
+def test_an_hca_that_failed_to_open_then_sockets_is_a_degraded_transport(tmp_path):
+    """The IB open WARN is what the fallback recovered from: the verdict is the slow transport, the WARN its cause line."""
+    lines = [
+        "gpu-3:5120:5120 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 0.",
+        "gpu-3:5120:5120 [0] misc/ibvwrap.cc:212 NCCL WARN Call to ibv_open_device failed",
+        "gpu-3:5120:5120 [0] transport/net_ib.cc:148 NCCL WARN NET/IB : Unable to open device mlx5_bond_0",
+        *ETHERNET_FALLBACK,
+    ]
+    (tmp_path / "log.txt").write_text("\n".join(lines) + "\n")
+    report = analyze(tmp_path).report
+    assert report["verdict"]["category"] == "degraded_transport"
+    ib = next(f for f in report["findings"] if f["rule_id"] == "vocabulary-ib-link-or-hca-error")
+    assert ib["caused_by"] == ["transport-multinode-socket"]
+    assert "ibv_open_device failed" in transport_findings(report)["transport-multinode-socket"]["summary"]
