@@ -20,7 +20,7 @@ from analyzer.analyses import JobContext
 from analyzer.correlate import JobFacts, correlate
 from analyzer.decide import decide
 from analyzer.detect import detect, format_ranks
-from analyzer.discover import STDIN, DiscoveryError, InputFile, discover
+from analyzer.io import STDIN, DiscoveryError, InputFile, discover
 from analyzer.exits import INPUT_ERRORS
 from analyzer.gpus import culprit_gpus
 from analyzer.parse import TEXT_FORMATS, parse_inputs

@@ -112,7 +112,7 @@ def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoi
     among the inputs, an output path that cannot be written), 3 internal error (no report is printed).
     """
     from analyzer.api import analyze as run_analysis
-    from analyzer.discover import DiscoveryError
+    from analyzer.io import DiscoveryError
 
     if output is not None:
         check_writable(output, "report")
@@ -211,7 +211,7 @@ def collectives(job: Path, ranks_spec: str | None, pgs: tuple[str, ...], last: i
     """
     from analyzer.analyses.collectives import collective_table, divergences
     from analyzer.api import analyze as run_analysis
-    from analyzer.discover import DiscoveryError
+    from analyzer.io import DiscoveryError
     from analyzer.render.collectives import collective_document, render_collectives_text
 
     try:

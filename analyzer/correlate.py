@@ -16,7 +16,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext
 from analyzer.bounds import MAX_WORLD_SIZE, rank_number
-from analyzer.discover import InputFile
+from analyzer.io import InputFile
 
 # Columns that count ranks: a value past MAX_WORLD_SIZE (a `rank 10^18` line, `nranks 100000000`)
 # is an invalid value on its line, so no later stage sizes a range, a set or a matrix by it.

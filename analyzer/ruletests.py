@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from analyzer.correlate import correlate
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse import parse_inputs
 from analyzer.rules import Rule, catalogue
 

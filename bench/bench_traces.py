@@ -99,7 +99,7 @@ def write_trace(path: Path, target_bytes: int, rank: int = 0, world: int = 8) ->
 _CHILD = """
 import json, resource, sys, time
 import polars as pl
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse import parse_input
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0, c0 = time.perf_counter(), time.process_time()

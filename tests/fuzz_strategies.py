@@ -56,7 +56,7 @@ if os.environ.get("POSTMORTEM_FUZZ_DB"):
 @cache
 def seed_files() -> dict[str, tuple[bytes, ...]]:
     """Raw bytes of every fixture input, by the format discover gives it (capped at 64 KiB each)."""
-    from analyzer.discover import discover
+    from analyzer.io import discover
 
     by_format: dict[str, list[bytes]] = {}
     jobs = [job for kind in FIXTURE_JOBS for job in sorted((ROOT / "fixtures" / kind).glob("*/job"))]

@@ -43,7 +43,7 @@ def report_of(job: Path) -> dict:
     """The report as `postmortem analyze --format json` writes it, or the refusal when it cannot analyse."""
     from analyzer.api import analyze
     from analyzer.exits import CannotAnalyse
-    from analyzer.discover import DiscoveryError
+    from analyzer.io import DiscoveryError
 
     try:
         return stable(json.loads(json.dumps(analyze(job.relative_to(ROOT)).report, ensure_ascii=False)))

@@ -16,7 +16,7 @@ from analyzer.analyses.progress import (
     progress_matrix,
     ranks_label,
 )
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.events import concat_events, events_from_records
 from analyzer.findings import FINDING_SCHEMA
 from analyzer.parse.flight_recorder import flight_recorder_events, parse_flight_recorder

@@ -9,7 +9,7 @@ import pytest
 
 from analyzer.analyses import JobContext, load_all
 from analyzer.analyses.stacks import stack_clustering, stack_clusters
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.events import concat_events, events_from_records
 from analyzer.findings import FINDING_SCHEMA
 from analyzer.parse.pyspy import parse_pyspy_json, parse_pyspy_text

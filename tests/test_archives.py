@@ -26,7 +26,8 @@ import zstandard
 from click.testing import CliRunner
 
 from analyzer.cli import main
-from analyzer.discover import MAX_ARCHIVE_MEMBER_BYTES, discover, iter_text_chunks
+from analyzer.io import discover, iter_text_chunks
+from analyzer.io.archives import MAX_ARCHIVE_MEMBER_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE_JOB = ROOT / "fixtures" / "cases" / "rec-watchdog-timeout-rank1-skipped" / "job"
@@ -380,7 +381,7 @@ def test_a_huge_member_name_is_cut_in_the_report(tmp_path):
 
 
 def test_the_memory_cap_on_held_members_leaves_a_row(tmp_path, monkeypatch):
-    import analyzer.discover as discover_module
+    import analyzer.io.archives as discover_module
 
     monkeypatch.setattr(discover_module, "MAX_HELD_BYTES", 1)  # the first member (read whole) fills it
     (tmp_path / "logs.tar.xz").write_bytes(archive("tar.xz", case_files()))
@@ -390,7 +391,7 @@ def test_the_memory_cap_on_held_members_leaves_a_row(tmp_path, monkeypatch):
 
 
 def test_a_member_cut_by_the_memory_cap_is_partial(tmp_path, monkeypatch):
-    import analyzer.discover as discover_module
+    import analyzer.io.archives as discover_module
 
     monkeypatch.setattr(discover_module, "MAX_HELD_BYTES", 64 << 10)
     random_text = os.urandom(3 * MB).hex().encode()  # text that does not compress below the cap
@@ -402,7 +403,7 @@ def test_a_member_cut_by_the_memory_cap_is_partial(tmp_path, monkeypatch):
 
 
 def test_standard_input_past_its_cap_is_partial(monkeypatch):
-    import analyzer.discover as discover_module
+    import analyzer.io.archives as discover_module
 
     monkeypatch.setattr(discover_module, "MAX_DECOMPRESSED_BYTES", 4096)
     code, report, output = analyze_json("-", stdin=CASE_LOG.read_bytes())

@@ -149,7 +149,7 @@ def test_every_healthy_run_is_still_none(job):
 
 
 def test_a_clean_verdict_names_what_a_cap_left_unread(tmp_path, monkeypatch):
-    import analyzer.discover as discover
+    import analyzer.io.walk as discover
 
     for n, log in enumerate(sorted(HEALTHY.rglob("*.log"))):
         (tmp_path / f"{n:02d}-{log.name}").write_bytes(log.read_bytes())

@@ -5,7 +5,7 @@ import io
 import os
 import tarfile
 
-from analyzer.discover import discover, iter_text_chunks
+from analyzer.io import discover, iter_text_chunks
 
 NCCL_LINE = "node1:100:100 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
 

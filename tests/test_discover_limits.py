@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import analyzer.discover as discover_module
+import analyzer.io.walk as discover_module
 from analyzer.cli import main
-from analyzer.discover import MAX_DEPTH, discover
+from analyzer.io import discover
+from analyzer.io.walk import MAX_DEPTH
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE_JOB = ROOT / "fixtures" / "cases" / "rec-watchdog-timeout-rank1-skipped" / "job"

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.cli import main
-from analyzer.discover import discover
+from analyzer.io import discover
 
 HEALTHY = Path(__file__).resolve().parents[1] / "fixtures" / "healthy"
 

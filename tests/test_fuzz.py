@@ -21,9 +21,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from lark.exceptions import LarkError
 
-import analyzer.discover as discover_module
+import analyzer.io.inputs as discover_module
 from analyzer.api import NothingToAnalyse, analyze
-from analyzer.discover import InputFile, discover, iter_text_chunks
+from analyzer.io import InputFile, discover, iter_text_chunks
 from analyzer.events import EVENT_SCHEMA
 from analyzer.parse import PARSERS, TEXT_FORMATS, parse_inputs
 from analyzer.parse.budget import BudgetExceeded

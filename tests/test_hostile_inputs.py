@@ -39,7 +39,8 @@ import pytest
 from click.testing import CliRunner
 
 import analyzer.api as api_module
-import analyzer.discover as discover_module
+import analyzer.io.inputs as inputs_module
+import analyzer.io.walk as discover_module
 from analyzer.api import analyze
 from analyzer.cli import main
 
@@ -475,7 +476,7 @@ def test_file_unreadable_after_discovery(tmp_path, monkeypatch):
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(api_module, "discover", discover_then_revoke)
-    monkeypatch.setattr(discover_module, "open", open_until_discovered, raising=False)
+    monkeypatch.setattr(inputs_module, "open", open_until_discovered, raising=False)
     code, report = json_report(job)
     entry = inputs_of(report)["late.log"]
     assert entry["status"] == "error" and "Permission denied" in entry["reason"]

@@ -24,7 +24,7 @@ from polars.exceptions import ComputeError, NoDataError, PanicException
 import analyzer.parse as parse
 from analyzer.analyses import load_all
 from analyzer.cli import main
-from analyzer.discover import DecompressionLimit
+from analyzer.io import DecompressionLimit
 from analyzer.exits import EXIT_INTERNAL_ERROR, INPUT_ERRORS, is_input_error
 from analyzer.parse.nsys import NotNsysExport
 

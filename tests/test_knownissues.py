@@ -13,7 +13,7 @@ import pytest
 
 from analyzer.analyses.known_issues import known_issues
 from analyzer.correlate import correlate
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.knownissues import (
     KnownIssueError,
     affected,

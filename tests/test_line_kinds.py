@@ -6,7 +6,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse.line_kinds import LineKindError, line_kinds
 from analyzer.parse.literals import covers, required_literals
 from analyzer.parse.logtext import LINE_KINDS, PREFILTER_LITERALS, parse_text_file

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.correlate import correlate
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.hostfacts import host_fact_records
 from analyzer.parse import parse_inputs
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analyzer.discover import InputFile, discover
+from analyzer.io import InputFile, discover
 from analyzer.events import EVENT_COLUMNS, EVENT_SCHEMA
 from analyzer.parse.flight_recorder import ENTRIES_KEPT_PER_PG, flight_recorder_events, parse_flight_recorder, rank_from_name
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse import parse_input
 from analyzer.parse.kineto import TraceFormatError, read_kineto
 
@@ -87,7 +87,7 @@ def parse_one(path: Path) -> tuple[pl.DataFrame, object]:
 
 
 def test_classified_from_the_head_without_a_full_parse(tmp_path, monkeypatch):
-    import analyzer.discover as discover_module
+    import analyzer.io.sniff as discover_module
 
     write_job(tmp_path, {0: step_events(0, 3, host_ms=1, compute_ms=2, wait_ms=0)})
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse.lines import lines_frame_many, peel_prefixes, split_interleaved
 from analyzer.parse.logtext import iter_pieces
 from tests import fuzz_strategies as fs

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse.logtext import parse_text_file
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse import parse_input
 from analyzer.parse.memsnapshot import snapshot_events
 from analyzer.safepickle import load_untrusted_pickle

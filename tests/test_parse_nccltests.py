@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse import parse_inputs
 from analyzer.parse.nccltests import results_frame, runs_frame
 

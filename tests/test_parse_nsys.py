@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from analyzer.api import analyze
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse import parse_input
 
 NSYS = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "nsys"

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analyzer.discover import InputFile, discover
+from analyzer.io import InputFile, discover
 from analyzer.events import EVENT_COLUMNS, EVENT_SCHEMA
 from analyzer.parse.pyspy import parse_pyspy_json, parse_pyspy_text, rank_from_name
 
@@ -215,7 +215,7 @@ def test_thread_evidence_quotes_the_programs_own_innermost_frames():
 def test_a_json_dump_thread_cites_its_frame_not_its_json(tmp_path):
     import json
 
-    from analyzer.discover import discover
+    from analyzer.io import discover
     from analyzer.parse.pyspy import parse_pyspy_json
 
     dump = [{"pid": 9954, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 9954, "active": False, "owns_gil": False,

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from analyzer.api import analyze
-from analyzer.discover import discover
+from analyzer.io import discover
 from analyzer.parse.literals import covers
 from analyzer.parse.logtext import PREFILTER_LITERALS, parse_text_file
 from analyzer.parse.vocabulary import COLUMNS, VocabularyError, check_test_lines, vocabulary, with_hits

@@ -169,7 +169,7 @@ def _is_torchrun_run_dir(path: str) -> bool:
 
 def holds_training_log(path: str) -> bool:
     """True when the file (or a member of the archive) is a training log or dump, by content."""
-    from analyzer.discover import DiscoveryError, discover
+    from analyzer.io import DiscoveryError, discover
     from analyzer.exits import INPUT_ERRORS
     from analyzer.parse import PARSERS, TEXT_FORMATS
 
@@ -187,7 +187,7 @@ def holds_training_log(path: str) -> bool:
 
 def _head_has_log_lines(item) -> bool:
     """Whether the text parser recognises any line of the file's first SNIFF_BYTES."""
-    from analyzer.discover import SNIFF_BYTES
+    from analyzer.io import SNIFF_BYTES
     from analyzer.exits import INPUT_ERRORS
     from analyzer.parse.logtext import TextPiece, parse_text_pieces
 

@@ -140,7 +140,7 @@ def analyse_job(spec: JobSpec) -> dict:
     findings: list[dict] = []
     try:
         from analyzer.api import analyze
-        from analyzer.discover import DiscoveryError
+        from analyzer.io import DiscoveryError
         from analyzer.exits import CannotAnalyse
 
         try:

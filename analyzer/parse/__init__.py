@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analyzer.discover import InputFile
+from analyzer.io import InputFile
 from analyzer.events import concat_events, empty_events
 from analyzer.exits import INPUT_ERRORS
 from analyzer.parse.budget import parse_within_budget

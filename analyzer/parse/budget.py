@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import polars as pl
 
-from analyzer.discover import InputFile
+from analyzer.io import InputFile
 from analyzer.events import empty_events
 
 MEMORY_BUDGET_BYTES = 512 << 20

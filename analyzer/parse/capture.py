@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzer.discover import DecompressionLimit, InputFile
+from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import empty_events, events_from_records
 
 MAX_MANIFEST_BYTES = 64 << 20

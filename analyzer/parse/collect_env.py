@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analyzer.discover import InputFile
+from analyzer.io import InputFile
 from analyzer.events import EVENT_SCHEMA, empty_events
 
 MAX_LISTING_BYTES = 4 << 20  # a collect_env report is a few KiB, a pip freeze of a big image ~50 KiB

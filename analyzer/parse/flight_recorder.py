@@ -26,7 +26,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.bounds import INT64_MAX, INT64_MIN, MAX_WORLD_SIZE, bounded_str, int64, rank_number
-from analyzer.discover import DecompressionLimit, InputFile
+from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import EVENT_SCHEMA, UTC_TS, empty_events
 from analyzer.parse.budget import address_space
 from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 import polars as pl
 
 from analyzer.bounds import rank_number
-from analyzer.discover import InputFile
+from analyzer.io import InputFile
 from analyzer.events import EVENT_SCHEMA, UTC_TS, concat_events, conform, empty_events
 from analyzer.parse.budget import check_time
 

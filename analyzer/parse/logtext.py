@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 import polars as pl
 
-from analyzer.discover import InputFile, iter_text_chunks
+from analyzer.io import InputFile, iter_text_chunks
 from analyzer.events import conform, detached, empty_events
 from analyzer.parse.grammars import parse_body
 from analyzer.parse.line_kinds import LineKind, line_kinds

@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.bounds import bounded_str, cap_text, int64
-from analyzer.discover import DecompressionLimit, InputFile
+from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import empty_events, events_from_records
 from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
 

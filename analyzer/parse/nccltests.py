@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analyzer.discover import InputFile, iter_text_chunks
+from analyzer.io import InputFile, iter_text_chunks
 from analyzer.events import conform, empty_events
 from analyzer.parse.lines import lines_frame_many, peel_prefixes
 

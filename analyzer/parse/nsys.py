@@ -32,7 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from analyzer.bounds import cap_text, int64
-from analyzer.discover import InputFile, iter_text_chunks
+from analyzer.io import InputFile, iter_text_chunks
 from analyzer.events import empty_events, events_from_records
 from analyzer.parse.budget import check_time, time_left
 from analyzer.parse.kineto import FREE_CALLS, MALLOC_CALLS, NCCL_KERNEL, STEP_NAME, summarize_timeline

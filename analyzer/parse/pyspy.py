@@ -20,7 +20,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.bounds import bounded_str, cap_text, int64, rank_number
-from analyzer.discover import DecompressionLimit, InputFile
+from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import EVENT_SCHEMA, empty_events
 
 MAX_DUMP_BYTES = 64 << 20

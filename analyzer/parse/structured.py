@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import polars as pl
 
-from analyzer.discover import InputFile
+from analyzer.io import InputFile
 from analyzer.events import events_from_records
 
 MAX_ERROR_JSON_BYTES = 16 << 20
