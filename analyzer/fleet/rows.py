@@ -5,8 +5,9 @@ table (the verdict fields exactly as `analyze --format json` reports them, plus 
 they implicate), one row per finding for the findings table, and, when asked, the job's events
 written to their own Parquet file by the worker (events can be millions of rows: they never travel
 back through a pipe). It never raises: a job that cannot be analysed is a `cannot_analyse` row,
-any other exception a `crashed` row with the error. The engines add `timed_out` rows (a job past
-its time limit) and `crashed` rows for a worker that died.
+any other exception a `crashed` row with the error, except a MemoryError, which it leaves to the
+engine. The engines add `timed_out` rows (a job past its time limit), `over_memory` rows (a job
+past its memory budget) and `crashed` rows for a worker that died.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ STATUS_ANALYSED = "analysed"
 STATUS_CANNOT_ANALYSE = "cannot_analyse"
 STATUS_CRASHED = "crashed"
 STATUS_TIMED_OUT = "timed_out"
+STATUS_OVER_MEMORY = "over_memory"
 MAX_ERROR_CHARS = 2000
+MAX_INPUTS_NOT_READ = 20  # inputs named in a row's inputs_not_read (a job of 10^5 refused files stays one small row)
+MAX_NOTE_CHARS = 400
 WORKER_DIED = ("the analyzer process died while analysing this job (killed by a signal, a crash in native "
                "code, or out of memory); the other jobs were not affected")
 
@@ -72,6 +76,7 @@ def row_schema() -> dict[str, pl.DataType]:
         "hosts": pl.List(pl.String),  # job.hosts
         "world_size": pl.Int64,
         "inputs": pl.Int64,  # files read
+        "inputs_not_read": pl.List(pl.String),  # "file (status): reason" of each input skipped, in error or partial
         "job_start": ts,  # earliest timestamp in the job's logs
         "job_end": ts,  # latest timestamp in the job's logs
         "error": pl.String,  # why the job could not be analysed, the crash, or the time limit
@@ -154,7 +159,8 @@ def analyse_job(spec: JobSpec) -> dict:
                 _write_events(job, analysis.events, spec.events_file)
     except BaseException as exc:  # noqa: BLE001 - a bug, or a library's panic (pyo3's PanicException is a
         # BaseException), on one job is that job's row, not the scan's end; an interrupt still stops the scan
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        # MemoryError: the job's memory budget ran out; the engine that set it makes the row.
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
             raise
         row.update(status=STATUS_CRASHED, error=describe_exception(exc))
         findings = []
@@ -227,9 +233,20 @@ def _verdict_fields(analysis: Any) -> dict:
         "hosts": list(job["hosts"]),
         "world_size": job["world_size"],
         "inputs": len(report["inputs"]),
+        "inputs_not_read": _inputs_not_read(report["inputs"]),
         "job_start": span.item(0, "start"),
         "job_end": span.item(0, "end"),
     }
+
+
+def _inputs_not_read(inputs: list[dict]) -> list[str]:
+    """Each input the report did not read whole, with its reason: a file over its budget, refused or cut
+    shows in the jobs table, not only in that job's report. At most MAX_INPUTS_NOT_READ, then a count."""
+    shown = [f"{i['file']} ({i['status']}): {i.get('reason') or 'no reason given'}"[:MAX_NOTE_CHARS]
+             for i in inputs if i["status"] != "parsed"]
+    if len(shown) > MAX_INPUTS_NOT_READ:
+        shown = [*shown[:MAX_INPUTS_NOT_READ], f"and {len(shown) - MAX_INPUTS_NOT_READ} more (see the job's report)"]
+    return shown
 
 
 def _culprit_gpus(verdict: dict) -> list[str]:
