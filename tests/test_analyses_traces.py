@@ -3,6 +3,7 @@ fragmentation (memory snapshots and OOM messages)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -123,3 +124,18 @@ def test_oom_message_with_large_reserved_but_unallocated(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "log.txt").write_text(OOM.format(rank=11, req="4.35 GiB", unalloc="120.00 MiB") + "\n")
     assert not findings(analyze(tmp_path / "b").report, "memory-oom-reserved-unallocated")
+
+
+def test_recorded_straggler_evidence_cites_trace_events_not_the_file():
+    report = analyze(RECORDED / "slow_rank_traced" / "job").report
+    evidence = report["verdict"]["evidence"]
+    assert evidence and all(e["line"] > 0 for e in evidence)
+    # rank 0 waits inside its longest all-reduce kernel; the entry it cites is that kernel.
+    (waiting,) = [e for e in evidence if e["rank"] == 0 and "AllReduce" in e["text"]]
+    assert re.match(r"rank 0 ncclDevKernel_AllReduce\S* ts=[\d.]+ us dur=([\d.]+) ms in ProfilerStep#\d+", waiting["text"])
+    assert float(re.search(r"dur=([\d.]+) ms", waiting["text"]).group(1)) > 40
+    entries = json.loads((RECORDED / "slow_rank_traced" / "job" / waiting["file"]).read_text())["traceEvents"]
+    cited = entries[waiting["line"] - 1]
+    assert cited["name"].startswith("ncclDevKernel_AllReduce") and f"ts={cited['ts']} us" in waiting["text"]
+    gaps = [e for e in evidence if "GPU idle ts=" in e["text"]]
+    assert gaps and all(e["rank"] == 1 and "data_loader" in e["text"] for e in gaps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -196,3 +197,48 @@ def test_benchmark_trace_is_read_completely(tmp_path):
     assert kinds["kernel"] + kinds["memcpy"] == counts["kernels"]
     assert kinds["mark"] == 2 * counts["steps"]  # data_loader and ProfilerStep#N of every step
     assert "api" not in kinds  # cudaLaunchKernel is not an allocator call
+
+
+def _dur_ms(text: str) -> float:
+    return float(re.search(r"dur=([\d.]+) ms", text).group(1))
+
+
+def _cited(text: str, line: int) -> dict:
+    """The traceEvents entry a trace event's `line` points at (1-based)."""
+    return json.loads(text)["traceEvents"][line - 1]
+
+
+@pytest.mark.parametrize("layout", ["kineto", "compact-small-blocks", "slow-path"])
+def test_every_trace_event_cites_one_trace_entry_by_position_name_ts_and_duration(tmp_path, layout):
+    events = step_events(0, 4, host_ms=2, compute_ms=5, wait_ms=6)
+    if layout == "slow-path":  # a separator inside a string sends blocks through the exact decoder
+        events.insert(3, {"ph": "X", "cat": "cpu_op", "name": "odd}, {name", "ts": 5.0, "dur": 1.0})
+    text = kineto_text(0, 1, events, compact=layout != "kineto")
+    kept, meta = read_kineto(io.BytesIO(text.encode()), block_bytes=300 if layout != "kineto" else 1 << 20)
+    assert (meta.slow_blocks > 0) == (layout == "slow-path")
+    entries = json.loads(text)["traceEvents"]
+    assert kept.get_column("name").cast(pl.String).to_list() == [entries[i]["name"] for i in kept.get_column("index")]
+    path = tmp_path / "traces" / "rank0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    parsed, _ = parse_one(path)
+    assert parsed.height and (parsed.get_column("line") > 0).all()
+    for row in parsed.iter_rows(named=True):
+        entry = _cited(text, row["line"])
+        ts = float(re.search(r"ts=([\d.]+) us", row["text"]).group(1))
+        assert row["text"].startswith("rank 0 ")
+        if row["kind"] == "trace.gap":  # the gap's start and length; it cites the kernel that ends it
+            assert entry["cat"] == "kernel" and entry["ts"] == pytest.approx(ts + _dur_ms(row["text"]) * 1000, abs=0.01)
+        else:
+            assert ts == entry["ts"]
+        if row["kind"] == "trace.step":
+            assert entry["name"] == f"ProfilerStep#{row['seq']}" and entry["name"] in row["text"]
+            assert _dur_ms(row["text"]) == pytest.approx(entry["dur"] / 1000, abs=0.05)
+        elif row["kind"] == "trace.collective":  # the longest NCCL kernel, with its step
+            assert entry["name"] == NCCL_NAME and " ms in ProfilerStep#" in row["text"]
+            assert _dur_ms(row["text"]) == pytest.approx(entry["dur"] / 1000, abs=0.001)
+        elif row["kind"] == "trace.gap":
+            assert "in ProfilerStep#" in row["text"] and "data_loader" in row["text"]
+        else:  # the first analysed step (the first of four is left out)
+            assert row["kind"] == "trace.rank" and entry["name"] == "ProfilerStep#11"
+            assert "ProfilerStep#11..ProfilerStep#13" in row["text"]

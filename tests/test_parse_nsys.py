@@ -116,3 +116,34 @@ def test_export_and_stats_reports_of_one_profile_are_kept_apart():
     assert dict(sources.iter_rows()) == {"nsys": 2, "nsys_stats": 2}
     # A small all-reduce test: no straggler, and the stats timeline has no steps to judge idle time by.
     assert result.report["verdict"]["category"] == "none"
+
+
+def test_export_events_cite_the_row_of_their_table():
+    import gzip
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profile.sqlite"
+        path.write_bytes(gzip.decompress(EXPORT.read_bytes()))
+        events, _ = parse_path(path)
+        con = sqlite3.connect(path)
+        try:
+            ops = events.filter(pl.col("kind") == "trace.collective")
+            assert ops.height
+            for line, text in ops.select("line", "text").iter_rows():
+                name_id, start, end = con.execute(
+                    "SELECT shortName, start, end FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = ?", (line,)).fetchone()
+                (name,) = con.execute("SELECT value FROM StringIds WHERE id = ?", (name_id,)).fetchone()
+                assert name[:40] in text and f"dur={round((end - start) / 1e6, 3)} ms" in text
+        finally:
+            con.close()
+
+
+def test_stats_gpu_trace_events_cite_the_csv_line():
+    path = NSYS / "nsys-2025.3_stats_cuda_gpu_trace.csv"
+    events, _ = parse_path(path)
+    lines = path.read_text().splitlines()
+    ops = events.filter(pl.col("kind") == "trace.collective")
+    assert ops.height
+    for line, op, text in ops.select("line", "op", "text").iter_rows():
+        start = lines[line - 1].split(",")[0]
+        assert f"Kernel_{op}" in lines[line - 1] and f"ts={int(start) / 1000:.3f}".rstrip("0").rstrip(".") + " us" in text

@@ -217,7 +217,7 @@ def _straggler(group: pl.DataFrame, steps: pl.DataFrame, events: pl.DataFrame, s
     if inferred:
         confidence -= 0.15
     evidence = sorted(late.get_column("event_ids").explode().to_list() + early.get_column("event_ids").explode().to_list())
-    evidence += _gap_evidence(events, source, culprits)
+    evidence += _collective_evidence(events, source) + _gap_evidence(events, source, culprits)
     hosts = late.get_column("host").drop_nulls().to_list()
     return finding(
         "trace-straggler-rank",
@@ -240,6 +240,12 @@ def _consistency(steps: pl.DataFrame, culprits: set[int]) -> tuple[int, int]:
         .filter(pl.col("n") == n_keys)
     )
     return int(per_step.get_column("last").is_in(sorted(culprits)).sum()), per_step.height
+
+
+def _collective_evidence(events: pl.DataFrame, source: str) -> list[int]:
+    """Every rank's collective summaries: each cites its longest kernel, long where a rank waited."""
+    ops = events.filter((pl.col("kind") == "trace.collective") & (pl.col("source") == source) & ~pl.col("op").is_in(_P2P_OPS))
+    return ops.get_column("event_id").to_list()
 
 
 def _gap_evidence(events: pl.DataFrame, source: str, keys: list[int]) -> list[int]:

@@ -13,7 +13,10 @@ compute kernels vs copies) is swept once and becomes one `trace.rank` summary, o
 `trace.collective` per NCCL operation, one `trace.step` per profiled step, the few largest idle
 gaps (`trace.gap`) and the allocator calls (counted in `trace.rank`). With three or more steps the
 first is left out (steady state). Figures travel in `detail` as a JSON object (microseconds) that
-the trace analyses decode with polars.
+the trace analyses decode with polars. Each summary cites one trace event, the evidence a reader
+can find in the file: `line` is that event's 1-based position in `traceEvents` and the text names
+it with its rank, `ts` (as the trace writes it), duration and step: a step's annotation, an
+operation's longest NCCL kernel, the GPU op that ends an idle gap, a rank's first analysed step.
 
 Known limit: the members after the array (`traceName`, `baseTimeNanoseconds`) are read from the
 tail; a writer that put large nested members after `traceEvents` would read as truncated.
@@ -100,6 +103,7 @@ class TraceMeta:
     trailer: dict = field(default_factory=dict)
     slow_blocks: int = 0  # blocks decoded event by event because the fast cut did not parse
     bytes_read: int = 0
+    events: int = 0  # entries of traceEvents read so far: the next one's 0-based position
 
     def get(self, key: str) -> Any:
         return self.header.get(key, self.trailer.get(key))
@@ -128,7 +132,7 @@ def iter_trace_blocks(fh: BinaryIO, meta: TraceMeta, block_bytes: int = BLOCK_BY
         chunk = fh.read(block_bytes)
         meta.bytes_read += len(chunk)
         if not chunk:
-            frame, rest = _decode_slow(buf[pos:], final=True)
+            frame, rest = _decode_slow(buf[pos:], meta, final=True)
             yield frame
             meta.trailer = _loads_members(rest[:TRAILER_LIMIT], closing=True)
             return
@@ -183,24 +187,44 @@ def _decode_block(block: bytes, meta: TraceMeta) -> pl.DataFrame:
             body = body.str.split(forms.pop()).explode()
     else:
         body = pl.Series("event", _SEPARATOR_TEXT.split(inner), dtype=pl.String)
+    if _miscut(body):
+        meta.slow_blocks += 1
+        frame, _ = _decode_slow(block, meta, final=False)
+        return frame
+    # Each event keeps its position in traceEvents: the evidence cites it.
+    events = body.to_frame().with_row_index("index", offset=meta.events)
     # Cheap literal screen first; the exact test (the value of "cat", allocator call names) on the survivors.
-    candidates = body.filter(body.str.contains_any(_CATEGORY_LITERALS))
-    exact = candidates.str.contains(_GPU_OR_MARK) | (candidates.str.contains(_API_CATEGORY) & candidates.str.contains(_ALLOC_NAME))
+    candidates = events.filter(pl.col("event").str.contains_any(_CATEGORY_LITERALS))
+    text = pl.col("event")
+    exact = text.str.contains(_GPU_OR_MARK) | (text.str.contains(_API_CATEGORY) & text.str.contains(_ALLOC_NAME))
     kept = candidates.filter(exact)
     try:
-        if kept.len() == 0:
-            return _keep(pl.DataFrame(schema=_RAW_SCHEMA))
-        lines = ("{" + kept + "}").str.join("\n").item()
-        raw = pl.read_ndjson(lines.encode("utf-8"), schema=_RAW_SCHEMA)
+        if kept.height == 0:
+            raw = pl.DataFrame(schema=_RAW_SCHEMA)
+        else:
+            lines = ("{" + kept.get_column("event") + "}").str.join("\n").item()
+            raw = pl.read_ndjson(lines.encode("utf-8"), schema=_RAW_SCHEMA)
+        raw = raw.with_columns(kept.get_column("index").cast(pl.Int64))
     except Exception:  # noqa: BLE001 - a cut inside a string or nested value, or an odd field type
         meta.slow_blocks += 1
-        frame, _ = _decode_slow(block, final=False)
+        frame, _ = _decode_slow(block, meta, final=False)
         return frame
+    meta.events += events.height
     return _keep(raw)
 
 
-def _decode_slow(data: bytes, *, final: bool) -> tuple[pl.DataFrame, str]:
-    """Event-by-event decoding of `data`; with `final`, stops at the array's `]` and returns what follows."""
+def _miscut(body: pl.Series) -> bool:
+    """Whether a cut fell inside a string or a nested value: a piece with an odd number of quotes or
+    unbalanced braces. The JSON decoder catches that in the pieces it reads; this catches it in the
+    dropped ones too, whose count places every later event in traceEvents."""
+    quotes = body.str.count_matches('"', literal=True) - body.str.count_matches('\\"', literal=True)
+    braces = body.str.count_matches("{", literal=True) - body.str.count_matches("}", literal=True)
+    return bool(((quotes % 2 != 0) | (braces != 0)).any())
+
+
+def _decode_slow(data: bytes, meta: TraceMeta, *, final: bool) -> tuple[pl.DataFrame, str]:
+    """Event-by-event decoding of `data`; with `final`, stops at the array's `]` and returns what follows.
+    Every entry read advances `meta.events`, the position the next entry's row carries."""
     decoder = json.JSONDecoder()
     text = data.decode("utf-8", errors="replace")
     i, n = 0, len(text)
@@ -221,10 +245,12 @@ def _decode_slow(data: bytes, *, final: bool) -> tuple[pl.DataFrame, str]:
             if final:  # the tail of the file: an event cut short
                 raise TraceFormatError("truncated trace: the document ends inside an event") from exc
             raise TraceFormatError(f"malformed trace event: {exc.msg}") from exc
+        meta.events += 1
         if isinstance(obj, dict):
             args = obj.get("args") if isinstance(obj.get("args"), dict) else {}
             rows.append(
                 {
+                    "index": meta.events - 1,
                     "ph": _str(obj.get("ph")),
                     "cat": _str(obj.get("cat")),
                     "name": _str(obj.get("name")),
@@ -235,7 +261,8 @@ def _decode_slow(data: bytes, *, final: bool) -> tuple[pl.DataFrame, str]:
             )
     if final and not closed:
         raise TraceFormatError("truncated trace: the traceEvents array never closes")
-    raw = pl.DataFrame(rows, schema=_RAW_SCHEMA) if rows else pl.DataFrame(schema=_RAW_SCHEMA)
+    schema = {"index": pl.Int64, **_RAW_SCHEMA}
+    raw = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
     return _keep(raw), text[i:]
 
 
@@ -257,7 +284,8 @@ def _num(value: Any) -> float | None:
 
 
 def _keep(raw: pl.DataFrame) -> pl.DataFrame:
-    """The events the timeline needs, as (kind, name, start_ns, end_ns, device, stream)."""
+    """The events the timeline needs, as (kind, name, start_ns, end_ns, device, stream, index):
+    index is the event's 0-based position in traceEvents."""
     kind = (
         pl.when(pl.col("cat").is_in(list(GPU_CATEGORIES)))
         .then(pl.col("cat").replace_strict(GPU_CATEGORIES, default=None))
@@ -277,6 +305,7 @@ def _keep(raw: pl.DataFrame) -> pl.DataFrame:
             (start + (pl.col("dur").fill_null(0.0) * 1000.0).round(0).cast(pl.Int64, strict=False)).alias("end"),
             pl.col("args").struct.field("device").cast(pl.Int64, strict=False).alias("device"),
             pl.col("args").struct.field("stream").cast(pl.Int64, strict=False).alias("stream"),
+            (pl.col("index") if "index" in raw.columns else pl.lit(None)).cast(pl.Int64).alias("index"),
         )
         .filter(pl.col("kind").is_not_null() & pl.col("start").is_not_null())
         .with_columns(pl.col("kind").cast(pl.Categorical), pl.col("name").cast(pl.Categorical))
@@ -305,7 +334,7 @@ def read_kineto(fh: BinaryIO, block_bytes: int = BLOCK_BYTES) -> tuple[pl.DataFr
     meta = TraceMeta()
     frames = list(iter_trace_blocks(fh, meta, block_bytes))
     frames = [f for f in frames if f.height]
-    kept = pl.concat(frames, how="vertical", rechunk=True) if frames else _keep(pl.DataFrame(schema=_RAW_SCHEMA))
+    kept = pl.concat(frames, how="vertical", rechunk=True) if frames else _keep(pl.DataFrame(schema={"index": pl.Int64, **_RAW_SCHEMA}))
     return kept, meta
 
 
@@ -328,14 +357,14 @@ def parse_kineto(item: InputFile) -> pl.DataFrame:
         },
         schema={"unit": pl.Int64, "rank": pl.Int64, "device": pl.Int64, "nranks": pl.Int64, "base_ns": pl.Int64},
     )
-    marks = kept.filter(pl.col("kind") == "mark").select(unit, "name", "start", "end")
+    marks = kept.filter(pl.col("kind") == "mark").select(unit, "name", "start", "end", "index")
     api = kept.filter(pl.col("kind") == "api").select(unit, "name", "start", "end")
     if gpu.height == 0:
         item.reason = "profiler trace without GPU activity (CPU-only profile): no timeline to analyse"
     if meta.slow_blocks:
         item.reason = f"{meta.slow_blocks} block(s) decoded event by event (unusual layout)"
     return summarize_timeline(
-        gpu.select("unit", "kind", "name", "start", "end", "device", "stream"),
+        gpu.select("unit", "kind", "name", "start", "end", "device", "stream", "index"),
         marks,
         api,
         units,
@@ -395,13 +424,16 @@ def summarize_timeline(
         pl.col("kind").is_in(["memcpy", "memset"]).alias("copy"),
         pl.col("end").clip(lower_bound=pl.col("start")).alias("end"),
     )
-    marks = marks.with_columns(pl.col("name").cast(pl.String))
+    gpu, marks = _with_index(gpu), _with_index(marks.with_columns(pl.col("name").cast(pl.String)))
     steps = (
         marks.with_columns(pl.col("name").str.extract(STEP_NAME, 1).cast(pl.Int64, strict=False).alias("step"))
         .filter(pl.col("step").is_not_null() & (pl.col("end") > pl.col("start")))
         .sort("unit", "step", pl.col("end") - pl.col("start"), descending=[False, False, True])
         .unique(["unit", "step"], keep="first", maintain_order=True)
-        .select("unit", "step", pl.col("start").alias("s_start"), pl.col("end").alias("s_end"))
+        .select(
+            "unit", "step", pl.col("start").alias("s_start"), pl.col("end").alias("s_end"),
+            pl.col("name").alias("s_name"), pl.col("index").alias("s_index"),
+        )
         .sort("unit", "s_start")
         # Steady state: with three or more steps, the first (lazy initialisation, allocator warm-up,
         # NCCL connection set-up) is left out.
@@ -411,10 +443,10 @@ def summarize_timeline(
     segments = _sweep(gpu, steps, windows)
     rank_rows = _rank_summary(segments, windows, steps, gpu, api, marks)
     events = [
-        _rank_events(rank_rows, units),
-        _collective_events(gpu, windows, units),
+        _rank_events(rank_rows, steps, gpu, units),
+        _collective_events(gpu, windows, steps, units),
         _step_events(segments, steps, units),
-        _gap_events(segments, marks, windows, units),
+        _gap_events(segments, marks, gpu, steps, windows, units),
     ]
     frame = concat_events(
         e.with_columns(pl.lit(source).alias("source"), pl.lit(file).alias("file")) for e in events if e.height
@@ -485,7 +517,8 @@ def _sweep(gpu: pl.DataFrame, steps: pl.DataFrame, windows: pl.DataFrame) -> pl.
     )
     if steps.height:
         segments = (
-            segments.join_asof(steps, left_on="t", right_on="s_start", by="unit", strategy="backward", check_sortedness=False)
+            segments.join_asof(steps.select("unit", "step", "s_start", "s_end"), left_on="t", right_on="s_start", by="unit",
+                               strategy="backward", check_sortedness=False)
             .with_columns(pl.when(pl.col("t") < pl.col("s_end")).then(pl.col("step")).alias("step"))
             .drop("s_start", "s_end")
         )
@@ -559,6 +592,49 @@ def _ms_text(expr: pl.Expr) -> pl.Expr:
 
 
 _IDENTITY = ("rank", "local_rank", "device", "nranks", "pid", "host")
+KERNEL_NAME_CHARS = 80  # a templated kernel name is cut in the evidence text (the trace holds it whole)
+
+
+def _with_index(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with `index`, each entry's 0-based position in its source (null where unknown)."""
+    return frame if "index" in frame.columns else frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("index"))
+
+
+def _line(col: str) -> pl.Expr:
+    """Where a trace event points: the cited entry's 1-based position in its source (Kineto: in
+    traceEvents; nsys: the row of its table or report), 0 when no single entry is cited."""
+    return (pl.col(col).cast(pl.Int64) + 1).fill_null(0).alias("line")
+
+
+def _ts_text(col: str) -> pl.Expr:
+    """A trace timestamp as the trace writes it (microseconds, exact to the ns), to search the file for."""
+    ns = pl.col(col)
+    frac = (ns % 1000).cast(pl.String).str.zfill(3).str.strip_chars_end("0")
+    return pl.when(ns % 1000 == 0).then((ns // 1000).cast(pl.String)).otherwise(pl.format("{}.{}", ns // 1000, frac))
+
+
+def _short(col: str) -> pl.Expr:
+    name = pl.col(col).cast(pl.String)
+    return pl.when(name.str.len_chars() > KERNEL_NAME_CHARS).then(
+        name.str.slice(0, KERNEL_NAME_CHARS - 3) + pl.lit("...")
+    ).otherwise(name)
+
+
+def _in_step(frame: pl.DataFrame, steps: pl.DataFrame, at: str) -> pl.DataFrame:
+    """`frame` with `s_name`: the step annotation whose range holds time `at` (null outside every step)."""
+    if steps.height == 0:
+        return frame.with_columns(pl.lit(None, dtype=pl.String).alias("s_name"))
+    return (
+        frame.sort(at)
+        .join_asof(steps.select("unit", "s_start", "s_end", "s_name").sort("s_start"), left_on=at, right_on="s_start",
+                   by="unit", strategy="backward", check_sortedness=False)
+        .with_columns(pl.when(pl.col(at) < pl.col("s_end")).then(pl.col("s_name")).alias("s_name"))
+        .drop("s_start", "s_end")
+    )
+
+
+def _step_text(col: str = "s_name") -> pl.Expr:
+    return pl.when(pl.col(col).is_not_null()).then(pl.format(" in {}", pl.col(col))).otherwise(pl.lit(""))
 
 
 def _who() -> pl.Expr:
@@ -580,9 +656,17 @@ def _wall(col: str) -> pl.Expr:
     )
 
 
-def _rank_events(rows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+def _rank_events(rows: pl.DataFrame, steps: pl.DataFrame, gpu: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+    """One summary per unit; it cites its first analysed step's annotation (else its first GPU op)."""
     per = pl.coalesce(pl.col("steps"), pl.lit(1)).cast(pl.Float64)
-    frame = rows.join(units, on="unit", how="left")
+    bounds = steps.sort("s_start").group_by("unit").agg(
+        pl.col("s_name").first().alias("first_step"), pl.col("s_name").last().alias("last_step"),
+        pl.col("s_index").first().alias("first_index"),
+    )
+    first_op = gpu.join(rows.select("unit", "w0"), on="unit").filter(pl.col("start") >= pl.col("w0")).sort("start") \
+        .group_by("unit").agg(pl.col("index").first().alias("op_index"))
+    frame = rows.join(bounds, on="unit", how="left").join(first_op, on="unit", how="left") \
+        .with_columns(pl.coalesce("first_index", "op_index").alias("cited")).join(units, on="unit", how="left")
     detail = pl.struct(
         _us("window_ns"),
         pl.col("steps"),
@@ -603,11 +687,14 @@ def _rank_events(rows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
     ).struct.json_encode()
     span = (
         pl.when(pl.col("steps").is_not_null())
-        .then(pl.format("{} steps, median step {} ms; per step: ", pl.col("steps"), _ms_text(pl.col("step_ns"))))
-        .otherwise(pl.format("{} ms of GPU activity (no step annotations): ", _ms_text(pl.col("window_ns"))))
+        .then(pl.format("{}..{} ts={} us dur={} ms ({} steps, median step {} ms); per step: ", pl.col("first_step"),
+                        pl.col("last_step"), _ts_text("w0"), _ms_text(pl.col("window_ns")), pl.col("steps"),
+                        _ms_text(pl.col("step_ns"))))
+        .otherwise(pl.format("GPU activity ts={} us dur={} ms (no step annotations): ", _ts_text("w0"),
+                             _ms_text(pl.col("window_ns"))))
     )
     message = pl.format(
-        "{}: {}NCCL {} ms (not overlapped {} ms), compute {} ms, GPU idle {} ms ({} gaps >= 1 ms){}",
+        "{} {}NCCL {} ms (not overlapped {} ms), compute {} ms, GPU idle {} ms ({} gaps >= 1 ms){}",
         _who(),
         span,
         _ms_text(pl.col("nccl_ns") / per),
@@ -621,7 +708,7 @@ def _rank_events(rows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
     )
     return conform(
         frame.select(
-            pl.lit(0, dtype=pl.Int64).alias("line"),
+            _line("cited"),
             _wall("w0").alias("ts"),
             pl.when(pl.col("base_ns").is_not_null()).then(pl.lit("trace")).alias("ts_source"),
             *_IDENTITY,
@@ -634,7 +721,8 @@ def _rank_events(rows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _collective_events(gpu: pl.DataFrame, windows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+def _collective_events(gpu: pl.DataFrame, windows: pl.DataFrame, steps: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+    """One event per unit and NCCL operation; it cites the operation's longest kernel."""
     nccl = (
         gpu.filter(pl.col("nccl"))
         .join(windows, on="unit")
@@ -653,20 +741,25 @@ def _collective_events(gpu: pl.DataFrame, windows: pl.DataFrame, units: pl.DataF
         pl.col("dur").min().alias("min_ns"),
         pl.col("dur").max().alias("max_ns"),
     )
-    frame = stats.join(units, on="unit", how="left")
+    longest = nccl.sort("dur", "start", descending=[True, False]).group_by("unit", "op", maintain_order=True).first() \
+        .select("unit", "op", pl.col("name").alias("k_name"), pl.col("start").alias("k_start"), pl.col("index").alias("k_index"))
+    frame = stats.join(_in_step(longest, steps, "k_start"), on=["unit", "op"], how="left").join(units, on="unit", how="left")
     message = pl.format(
-        "{}: {} x {} kernels, median {} ms (min {}, max {}), {} ms in all",
+        "{} {} ts={} us dur={} ms{}: the longest of {} {} kernels (median {} ms, min {}), {} ms in all",
         _who(),
+        _short("k_name"),
+        _ts_text("k_start"),
+        (pl.col("max_ns") / 1e6).round(3).cast(pl.String),
+        _step_text(),
         pl.col("count"),
         pl.col("op"),
         (pl.col("median_ns") / 1e6).round(3).cast(pl.String),
         (pl.col("min_ns") / 1e6).round(3).cast(pl.String),
-        (pl.col("max_ns") / 1e6).round(3).cast(pl.String),
         _ms_text(pl.col("sum_ns")),
     )
     return conform(
         frame.select(
-            pl.lit(0, dtype=pl.Int64).alias("line"),
+            _line("k_index"),
             *_IDENTITY,
             pl.lit("trace.collective").alias("kind"),
             pl.lit("info").alias("severity"),
@@ -693,9 +786,10 @@ def _step_events(segments: pl.DataFrame, steps: pl.DataFrame, units: pl.DataFram
     )
     frame = per_step.join(units, on="unit", how="left")
     message = pl.format(
-        "{} step {}: {} ms; NCCL {} ms, compute {} ms, GPU idle {} ms",
+        "{} {} ts={} us dur={} ms: NCCL {} ms, compute {} ms, GPU idle {} ms",
         _who(),
-        pl.col("step"),
+        pl.col("s_name"),
+        _ts_text("s_start"),
         _ms_text(pl.col("step_ns")),
         _ms_text(pl.col("nccl_ns")),
         _ms_text(pl.col("compute_ns")),
@@ -703,7 +797,7 @@ def _step_events(segments: pl.DataFrame, steps: pl.DataFrame, units: pl.DataFram
     )
     return conform(
         frame.select(
-            pl.lit(0, dtype=pl.Int64).alias("line"),
+            _line("s_index"),
             _wall("s_start").alias("ts"),
             pl.when(pl.col("base_ns").is_not_null()).then(pl.lit("trace")).alias("ts_source"),
             *_IDENTITY,
@@ -719,7 +813,11 @@ def _step_events(segments: pl.DataFrame, steps: pl.DataFrame, units: pl.DataFram
     )
 
 
-def _gap_events(segments: pl.DataFrame, marks: pl.DataFrame, windows: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+def _gap_events(
+    segments: pl.DataFrame, marks: pl.DataFrame, gpu: pl.DataFrame, steps: pl.DataFrame, windows: pl.DataFrame,
+    units: pl.DataFrame,
+) -> pl.DataFrame:
+    """The largest idle stretches per unit; each cites the GPU op that ends it (the first after it)."""
     gaps = (
         segments.filter(pl.col("is_idle") & (pl.col("len") >= GAP_MIN_NS))
         .sort("unit", "len", "t", descending=[False, True, False])
@@ -743,17 +841,27 @@ def _gap_events(segments: pl.DataFrame, marks: pl.DataFrame, windows: pl.DataFra
         gaps = gaps.join(covering, on=["unit", "g0"], how="left")
     else:
         gaps = gaps.with_columns(pl.lit(None, dtype=pl.String).alias("during"))
-    frame = gaps.join(windows.select("unit", "w0"), on="unit").join(units, on="unit", how="left")
+    after = gaps.sort("g1").join_asof(
+        gpu.select("unit", pl.col("start").alias("n_start"), pl.col("name").alias("n_name"), pl.col("index").alias("n_index"))
+        .sort("n_start"),
+        left_on="g1", right_on="n_start", by="unit", strategy="forward", check_sortedness=False,
+    )
+    names = steps.select("unit", "step", "s_name") if steps.height else pl.DataFrame(
+        schema={"unit": pl.Int64, "step": pl.Int64, "s_name": pl.String})
+    frame = after.join(names, on=["unit", "step"], how="left").join(windows.select("unit", "w0"), on="unit") \
+        .join(units, on="unit", how="left")
     message = pl.format(
-        "{}: GPU idle for {} ms{}{}",
+        "{} GPU idle ts={} us dur={} ms{}{}{}",
         _who(),
+        _ts_text("g0"),
         (pl.col("len") / 1e6).round(2).cast(pl.String),
-        pl.when(pl.col("step").is_not_null()).then(pl.format(" in step {}", pl.col("step"))).otherwise(pl.lit("")),
+        _step_text(),
         pl.when(pl.col("during").is_not_null()).then(pl.format(" while the host ran {}", pl.col("during"))).otherwise(pl.lit("")),
+        pl.when(pl.col("n_name").is_not_null()).then(pl.format(", until {}", _short("n_name"))).otherwise(pl.lit("")),
     )
     return conform(
         frame.select(
-            pl.lit(0, dtype=pl.Int64).alias("line"),
+            _line("n_index"),
             _wall("g0").alias("ts"),
             pl.when(pl.col("base_ns").is_not_null()).then(pl.lit("trace")).alias("ts_source"),
             *_IDENTITY,

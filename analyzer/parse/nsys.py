@@ -6,7 +6,9 @@ is filled in by correlate from NCCL's `host:pid` lines when the job's logs are t
 memcpys and memsets come from the CUPTI tables with their names resolved through `StringIds`,
 NVTX push/pop ranges give the steps (`step12`, `ProfilerStep#12`) and labels, and the CUDA
 runtime table gives the allocator calls. The rows are read in batches into polars frames and
-reduced by `analyzer.parse.kineto.summarize_timeline`, as Kineto traces are.
+reduced by `analyzer.parse.kineto.summarize_timeline`, as Kineto traces are. The event a summary
+cites is located by its row: `line` is the rowid in its table (kernel, memcpy, memset or NVTX
+table) for an export, the line of the CSV report for `cuda_gpu_trace`.
 
 sqlite3 needs a real file: a gzipped export or an archive member is copied, decompressed, into a
 temporary file outside the analysed directory (which stays read-only) and deleted afterwards;
@@ -145,13 +147,15 @@ def _read_export(con: sqlite3.Connection, item: InputFile) -> pl.DataFrame:
         raise NotNsysExport("; ".join(["SQLite database without Nsight Systems CUPTI tables (not an nsys export)", *notes]))
     names = _frame(con, f"SELECT id, substr(value, 1, {MAX_TEXT_CHARS}) FROM StringIds", {"name_id": pl.Int64, "name": pl.String},
                    notes=notes)
-    gpu_schema = {"start": pl.Int64, "end": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "gpid": pl.Int64, "name_id": pl.Int64}
+    gpu_schema = {"start": pl.Int64, "end": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "gpid": pl.Int64, "name_id": pl.Int64,
+                  "index": pl.Int64}
     parts = []
     for table, kind in _GPU_TABLES:
         if table not in tables:
             continue
         name_col = "shortName" if kind == "kernel" else "NULL"
-        part = _frame(con, f"SELECT start, end, deviceId, streamId, globalPid, {name_col} FROM {table}", gpu_schema, notes=notes)
+        part = _frame(con, f"SELECT start, end, deviceId, streamId, globalPid, {name_col}, rowid - 1 FROM {table}", gpu_schema,
+                      notes=notes)
         parts.append(part.with_columns(pl.lit(kind).alias("kind")))
     gpu = pl.concat(parts) if parts else pl.DataFrame(schema={**gpu_schema, "kind": pl.String})
     if gpu.height == 0:
@@ -161,7 +165,7 @@ def _read_export(con: sqlite3.Connection, item: InputFile) -> pl.DataFrame:
         pl.when(pl.col("kind") == "kernel").then(pl.col("name")).otherwise(pl.col("kind")).alias("name")
     )
     processes = _processes(con, tables, gpu)
-    gpu = gpu.join(processes.select("gpid", "unit"), on="gpid").select("unit", "kind", "name", "start", "end", "device", "stream")
+    gpu = gpu.join(processes.select("gpid", "unit"), on="gpid").select("unit", "kind", "name", "start", "end", "device", "stream", "index")
     marks = _nvtx(con, tables, names, processes)
     api = _alloc_calls(con, tables, names, processes)
     host = _host(con, tables)
@@ -201,12 +205,12 @@ def _processes(con: sqlite3.Connection, tables: set[str], gpu: pl.DataFrame) -> 
 
 
 def _nvtx(con: sqlite3.Connection, tables: set[str], names: pl.DataFrame, processes: pl.DataFrame) -> pl.DataFrame:
-    schema = {"start": pl.Int64, "end": pl.Int64, "gtid": pl.Int64, "text": pl.String, "text_id": pl.Int64}
+    schema = {"start": pl.Int64, "end": pl.Int64, "gtid": pl.Int64, "text": pl.String, "text_id": pl.Int64, "index": pl.Int64}
     if "NVTX_EVENTS" not in tables:
-        return pl.DataFrame(schema={"unit": pl.Int64, "name": pl.String, "start": pl.Int64, "end": pl.Int64})
+        return pl.DataFrame(schema={"unit": pl.Int64, "name": pl.String, "start": pl.Int64, "end": pl.Int64, "index": pl.Int64})
     rows = _frame(
         con,
-        f"SELECT start, end, globalTid, substr(text, 1, {MAX_TEXT_CHARS}), textId FROM NVTX_EVENTS "
+        f"SELECT start, end, globalTid, substr(text, 1, {MAX_TEXT_CHARS}), textId, rowid - 1 FROM NVTX_EVENTS "
         "WHERE end IS NOT NULL AND eventType IN (?, ?)",
         schema,
         _NVTX_RANGES,
@@ -218,7 +222,7 @@ def _nvtx(con: sqlite3.Connection, tables: set[str], names: pl.DataFrame, proces
             ((pl.col("gtid") // _TID_SPAN) * _TID_SPAN).alias("gpid"),
         )
         .join(processes.select("gpid", "unit"), on="gpid")
-        .select("unit", "name", "start", "end")
+        .select("unit", "name", "start", "end", "index")
         .filter(pl.col("name").is_not_null())
     )
 
@@ -298,6 +302,7 @@ def _gpu_trace(item: InputFile) -> pl.DataFrame:
     """cuda_gpu_trace: every kernel/memcpy/memset with its device; read chunk by chunk."""
     frames = []
     header = None
+    rows = 1  # lines read so far (the header): a row's index is its 0-based line, cited as its line number
     for chunk in iter_text_chunks(item):
         if header is None:
             header, _, chunk = chunk.partition("\n")
@@ -321,8 +326,10 @@ def _gpu_trace(item: InputFile) -> pl.DataFrame:
                 pl.col("Start (ns)").alias("start"),
                 (pl.col("Start (ns)") + pl.col("Duration (ns)")).alias("end"),
                 pl.col("Strm").alias("stream"),
+                (pl.int_range(pl.len(), dtype=pl.Int64) + rows).alias("index"),
             )
         )
+        rows += table.height
     gpu = pl.concat(frames).filter(pl.col("device").is_not_null()) if frames else None
     if gpu is None or gpu.height == 0:
         item.reason = "cuda_gpu_trace report without device rows"
@@ -337,7 +344,8 @@ def _gpu_trace(item: InputFile) -> pl.DataFrame:
     )
     empty = pl.DataFrame(schema={"unit": pl.Int64, "name": pl.String, "start": pl.Int64, "end": pl.Int64})
     # Its own source name: a stats report of the same profile must not be averaged with the export.
-    return summarize_timeline(gpu.select("unit", "kind", "name", "start", "end", "device", "stream"), empty, empty, units, source="nsys_stats", file=item.path)
+    return summarize_timeline(gpu.select("unit", "kind", "name", "start", "end", "device", "stream", "index"), empty, empty, units,
+                              source="nsys_stats", file=item.path)
 
 
 def _summary_event(item: InputFile, kind: str, message: str, detail: str) -> pl.DataFrame:
