@@ -46,6 +46,11 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "code": pl.String,  # error name: ncclSystemError, OSError, IBV status, signal name
     "detail": pl.String,  # context: the traceback stack, the NCCL 'Last error', a transport
     "ranks_ref": pl.List(pl.Int64),  # ranks named inside the message
+    # One event may stand for many alike lines of one writer (NCCL's per-channel connection lines, a
+    # line repeated verbatim): how many, and the last of them. Null: the event is one line.
+    "repeat": pl.Int64,
+    "last_line": pl.Int64,
+    "last_ts": UTC_TS,
 }
 
 EVENT_COLUMNS: list[str] = list(EVENT_SCHEMA)

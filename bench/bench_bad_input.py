@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests import hostile_gen  # noqa: E402
+from tests import hostile_gen, nccl_info_gen  # noqa: E402
 
 MB = 1 << 20
 RSS_BOUND_MB = 1024
@@ -89,6 +89,12 @@ def gzip_bomb_short_lines(job: Path) -> str:
     return "lines.log.gz"
 
 
+def repeated_channel_line(job: Path) -> str:
+    # One kept NCCL INFO line, repeated: once an event per line, 36x its size in memory (issue 18).
+    nccl_info_gen.write_repeated_line(job / "channel.log", 100 * MB)
+    return "channel.log"
+
+
 def tiny_files(job: Path) -> str:
     for i in range(100_000):
         (job / f"r{i:06d}.log").write_text(f"[rank{i}]:[W1130 14:57:21.464574780 Utils.hpp:137] Warning: tiny file {i}\n")
@@ -104,6 +110,7 @@ ITEMS = {
     "gzip-bomb-zeros-4GiB": gzip_bomb_zeros,
     "gzip-bomb-short-lines-1GiB": gzip_bomb_short_lines,
     "tiny-files-100000": tiny_files,
+    "repeated-channel-line-100MB": repeated_channel_line,
 }
 ISSUE18 = {item.name: partial(hostile_gen.write, item, scale=1.0) for item in hostile_gen.ITEMS}
 ITEMS.update(ISSUE18)

@@ -83,6 +83,8 @@ BAD_ROWS = [
     ("colour = 'red'", "unknown fields ['colour']"),
     ("literals = ['Plugin']", "do not cover the pattern"),
     ("family = 'gloo'", "family 'gloo'"),
+    ("collapse = '(Channel'", "collapse does not compile"),
+    ("collapse = ''", "collapse must be a non-empty regex"),
 ]
 
 

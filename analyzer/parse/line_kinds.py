@@ -1,7 +1,9 @@
 """Stage 2 support (parse): the line-kind registry, `grammars/line_kinds.toml`, loaded and validated once.
 
 A new kind of line is a row of data, not code: its regex, severity, header family and example
-lines. The Aho-Corasick prefilter literals are derived from the regex (`literals.py`) or, when a
+lines; optionally `collapse`, the part of its message that varies between lines saying one thing
+(NCCL's channel number), so that such lines are aggregated into one event. The Aho-Corasick
+prefilter literals are derived from the regex (`literals.py`) or, when a
 row declares them, checked to cover it; a row that cannot be prefiltered safely fails to load,
 naming the file, the kind and the field. The registry's order is the match order (first wins).
 """
@@ -23,7 +25,7 @@ SEVERITIES = frozenset({"error", "warning", "info"})
 FAMILIES = frozenset({"nccl", "nccl_warn"})
 # An NCCL WARN line is recognised by its header, whose level word is spelled `WARN` (logtext._NCCL).
 FAMILY_LITERALS = {"nccl_warn": ("WARN",)}
-_KEYS = frozenset({"kind", "severity", "family", "pattern", "literals", "prefilter", "generic", "examples"})
+_KEYS = frozenset({"kind", "severity", "family", "pattern", "literals", "prefilter", "generic", "collapse", "examples"})
 _REQUIRED = ("kind", "severity", "pattern", "examples")
 
 
@@ -43,6 +45,9 @@ class LineKind:
     # Catch-all failure wording: not applied to a line whose header gives it a level (NCCL, c10d,
     # glog), nor to a line the benign vocabulary (category `none`) knows.
     generic: bool = False
+    # A regex over the message: the part that differs between lines of one connection (`Channel 03/1`).
+    # Lines equal once it is removed are one event per writer and communicator (logtext.collapse_repeats).
+    collapse: str | None = None
 
 
 @cache
@@ -90,7 +95,19 @@ def _row(name: str, index: int, row: dict) -> LineKind:
     if not isinstance(row.get("generic", False), bool):
         raise LineKindError(f"{where}: generic must be true or false")
     literals = _literals(where, row, family, neighbour)
-    return LineKind(row["kind"], row["severity"], pattern, family, literals, examples, neighbour, bool(row.get("generic", False)))
+    collapse = _collapse(where, row.get("collapse"))
+    return LineKind(
+        row["kind"], row["severity"], pattern, family, literals, examples, neighbour, bool(row.get("generic", False)), collapse
+    )
+
+
+def _collapse(where: str, collapse: object) -> str | None:
+    if collapse is None:
+        return None
+    if not isinstance(collapse, str) or not collapse:
+        raise LineKindError(f"{where}: collapse must be a non-empty regex")
+    _check_compiles(where, collapse, "collapse")
+    return collapse
 
 
 def _literals(where: str, row: dict, family: str | None, neighbour: bool) -> tuple[str, ...]:
@@ -113,10 +130,10 @@ def _literals(where: str, row: dict, family: str | None, neighbour: bool) -> tup
     return tuple(sorted(derived))
 
 
-def _check_compiles(where: str, pattern: str) -> None:
+def _check_compiles(where: str, pattern: str, field: str = "pattern") -> None:
     # Both engines: the literal derivation reads Python's parse tree, polars (Rust regex) runs it.
     try:
         re.compile(pattern)
         pl.Series([""], dtype=pl.String).str.contains(pattern)
     except Exception as exc:  # noqa: BLE001 - re.error or polars' ComputeError
-        raise LineKindError(f"{where}: pattern does not compile: {exc}") from exc
+        raise LineKindError(f"{where}: {field} does not compile: {exc}") from exc

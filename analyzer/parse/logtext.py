@@ -4,6 +4,9 @@ Lines are read in bulk into polars, peeled of wrapper prefixes (`lines.py`), and
 by vectorised literal/regex tests. Only the rare lines that carry structure (WorkNCCL records,
 process-group status, structured NCCL WARNs, torchrun failure tables) go through the Lark
 grammars. Lines that match no kind are counted, not kept: the input table reports them.
+Alike kept lines of one writer (NCCL's per-channel connection lines, a line repeated verbatim) are
+aggregated into one event before the costly field extraction, so events grow with communicators,
+not with channels or repeats, and memory stays bounded by one batch.
 """
 
 from __future__ import annotations
@@ -59,6 +62,14 @@ _PY_EXCEPTION = next(k.pattern for k in LINE_KINDS if k.kind == "traceback.excep
 _TABLE_KINDS = ["torchrun.table_field", "torchrun.table_section", "torchrun.table_entry"]
 
 _KIND_SEVERITY = {k.kind: k.severity for k in LINE_KINDS}
+# Kinds whose lines differ only in a part that says nothing (the channel number): that part's regex.
+_COLLAPSE = {k.kind: k.collapse for k in LINE_KINDS if k.collapse}
+# A communicator's set-up starts and ends with these lines: connection lines between two of them in
+# one writer's stream belong to one communicator (the connection lines themselves do not name it).
+_COMM_BOUNDARY_KINDS = ("nccl.comm_init", "nccl.topology", "nccl.comm_teardown")
+# A line of any other kind repeated verbatim keeps its first few as events of their own (a summary
+# counting matching lines reads the same); the rest of the run becomes one event that counts them.
+REPEATS_KEPT = 8
 
 
 # Every literal of every line kind: a line containing none of them cannot be classified, so it is
@@ -126,6 +137,26 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
         text.str.contains_any(list(_CONTEXT_LITERALS)).alias("_ctx"),
         (text.str.strip_chars().str.len_chars() > 0).alias("_nonempty"),
     )
+    chosen = _chosen_lines(lines)
+    # Each step returns only what the next needs, so the batch-sized frames in between are freed.
+    kept, recognised = _kept_lines(chosen, year_hint)
+    node_state = node_state_events(lines, candidates="_cand")
+    events = [_to_events(kept, chosen, year_hint), node_state, _time_bound_events(lines, recognised, year_hint)]
+    last_files = [p.item.path for p in pieces if p.last_piece]
+    last = lines.filter(pl.col("_nonempty") & pl.col("file").is_in(last_files)).group_by("file", maintain_order=True).last()
+    if last.height:
+        events.append(_last_line_event(split_interleaved(peel_prefixes(last.select("file", "line", "text"))), year_hint))
+    _count_lines(pieces, lines, pl.concat([recognised, node_state.select("file", "line", "kind")]))
+    if not any(e.height for e in events):
+        return empty_events()
+    # Kept string columns are views into the whole batch's buffers: detach them so the batch can be
+    # freed and memory stays bounded by one batch rather than growing with the input.
+    return detached(pl.concat([e for e in events if e.height], how="vertical"))
+
+
+def _chosen_lines(lines: pl.DataFrame) -> pl.DataFrame:
+    """The lines worth classifying: prefilter candidates, their neighbours, multi-line context, and
+    a sample of step lines; cut where writers interleave, numbered for `_with_context`."""
     near = pl.lit(False)
     for offset in range(1, _NEIGHBOURS_AFTER + 1):
         near = near | pl.col("_cand").shift(offset).over("file").fill_null(False)
@@ -135,20 +166,28 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     # Interleaved writers: a line carrying another process's record becomes logical lines (`part`);
     # line counts below stay physical (`lines`, and `kept`'s distinct line numbers).
     chosen = split_interleaved(peel_prefixes(pl.concat([selected, steps], how="vertical").sort("file", "line")))
+    return chosen.with_row_index("_at")  # an event's row here: its neighbours are found by number
+
+
+def _kept_lines(chosen: pl.DataFrame, year_hint: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The classified lines that have a kind, and their vocabulary hits, alike lines aggregated; and
+    (file, line, kind) of every one of them before aggregation, for the line counts.
+
+    Which rows survive is decided on narrow keys (`collapse_repeats`): the batch-wide frame of
+    classified lines is never copied, only the survivors are gathered from it.
+    """
     classified = _classify(chosen)
-    kept = pl.concat([classified.filter(pl.col("kind").is_not_null()), _vocabulary_hits(classified)], how="vertical")
-    node_state = node_state_events(lines, candidates="_cand")
-    events = [_to_events(kept, chosen, year_hint), node_state]
-    last_files = [p.item.path for p in pieces if p.last_piece]
-    last = lines.filter(pl.col("_nonempty") & pl.col("file").is_in(last_files)).group_by("file", maintain_order=True).last()
-    if last.height:
-        events.append(_last_line_event(split_interleaved(peel_prefixes(last.select("file", "line", "text"))), year_hint))
-    _count_lines(pieces, lines, pl.concat([kept.select("file", "line", "kind"), node_state.select("file", "line", "kind")]))
-    if not any(e.height for e in events):
-        return empty_events()
-    # Kept string columns are views into the whole batch's buffers: detach them so the batch can be
-    # freed and memory stays bounded by one batch rather than growing with the input.
-    return detached(pl.concat([e for e in events if e.height], how="vertical"))
+    keys = classified.select(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), "file", "line", "part", "kind",
+        _vocabulary_kind().alias("_vocab"), *_repeat_keys(year_hint),
+    )
+    keys = pl.concat(
+        [keys.filter(pl.col("kind").is_not_null()), keys.filter(pl.col("_vocab").is_not_null()).with_columns(pl.col("_vocab").alias("kind"))],
+        how="vertical",
+    ).drop("_vocab")
+    survivors = collapse_repeats(keys)
+    kept = classified[survivors.get_column("_row")].with_columns(survivors.get_column("kind"))
+    return pl.concat([kept, survivors.drop("_row", "kind")], how="horizontal"), keys.select("file", "line", "kind")
 
 
 def _sampled_steps(steps: pl.DataFrame) -> pl.DataFrame:
@@ -171,13 +210,13 @@ def _count_lines(pieces: list[TextPiece], lines: pl.DataFrame, kept: pl.DataFram
         item.unparsed_lines += unparsed
 
 
-def _vocabulary_hits(classified: pl.DataFrame) -> pl.DataFrame:
-    """One more event for each line a vocabulary row knows: kind `vocab.<category>`.
+def _vocabulary_kind() -> pl.Expr:
+    """A line a vocabulary row knows is also an event of kind `vocab.<category>`.
 
     The line keeps its own kind too, so signatures written against it still see it. A benign line
     (`vocab.none`, severity info) is a known line that no signature matches.
     """
-    return classified.filter(pl.col("vocab_category").is_not_null()).with_columns((pl.lit(VOCAB_KIND_PREFIX) + pl.col("vocab_category")).alias("kind"))
+    return pl.lit(VOCAB_KIND_PREFIX) + pl.col("vocab_category")
 
 
 def _classify(lines: pl.DataFrame) -> pl.DataFrame:
@@ -222,11 +261,8 @@ def _to_events(kept: pl.DataFrame, lines: pl.DataFrame, year_hint: int) -> pl.Da
     if kept.height == 0:
         return empty_events()
     base = kept.with_columns(
-        pl.coalesce(pl.col("nccl_host"), pl.col("pfx_host")).alias("host"),
-        pl.coalesce(pl.col("nccl_pid").cast(pl.Int64, strict=False), pl.col("pfx_pid")).alias("pid"),
-        pl.col("nccl_tid").cast(pl.Int64, strict=False).alias("tid"),
+        *_writer(),
         pl.col("nccl_dev").cast(pl.Int64, strict=False).alias("device"),
-        pl.col("pfx_rank").alias("rank"),
         pl.col("pfx_local_rank").alias("local_rank"),
         pl.when(pl.col("nccl_level").is_not_null())
         .then(pl.lit("nccl"))
@@ -256,6 +292,67 @@ def _to_events(kept: pl.DataFrame, lines: pl.DataFrame, year_hint: int) -> pl.Da
     return conform(pl.concat([conform(base), _failure_table_entries(base)]))
 
 
+def _writer() -> list[pl.Expr]:
+    """The columns naming who wrote a line: host, pid, tid, rank."""
+    return [
+        pl.coalesce(pl.col("nccl_host"), pl.col("pfx_host")).alias("host"),
+        pl.coalesce(pl.col("nccl_pid").cast(pl.Int64, strict=False), pl.col("pfx_pid")).alias("pid"),
+        pl.col("nccl_tid").cast(pl.Int64, strict=False).alias("tid"),
+        pl.col("pfx_rank").alias("rank"),
+    ]
+
+
+def _repeat_keys(year_hint: int) -> list[pl.Expr]:
+    """Narrow keys of a classified line for `collapse_repeats`: 64-bit hashes of its writer (file,
+    host, pid, tid, rank) and of its message without the kind's collapse part, whether it opens a
+    communicator, how many of a run stay events of their own, and its time."""
+    kind = pl.col("kind")
+    same = pl.col("message")
+    for name, pattern in _COLLAPSE.items():  # one branch per registry row, not per line
+        same = pl.when(kind == name).then(pl.col("message").str.replace(pattern, "")).otherwise(same)
+    return [
+        pl.struct("file", *_writer()).hash().alias("_stream"),
+        same.hash().alias("_same"),
+        kind.is_in(_COMM_BOUNDARY_KINDS).alias("_boundary"),
+        pl.when(kind.is_in(list(_COLLAPSE))).then(0).otherwise(REPEATS_KEPT).alias("_kept_alone"),
+        _timestamp(year_hint)[0].alias("ts"),
+    ]
+
+
+def collapse_repeats(keys: pl.DataFrame) -> pl.DataFrame:
+    """Which kept lines stay events: alike lines of one writer and communicator become one, the
+    first line's, with `repeat` (how many lines it stands for), `last_line` and `last_ts`; evidence
+    still cites a real line. Takes `_repeat_keys` rows (with `_row`, `line`, `part`, `kind`), returns
+    the survivors' `_row` and `kind` in input order with the three columns (null: one line).
+
+    A communicator is the stretch of one writer's stream between two boundary lines (`Init START`,
+    the `nRanks nNodes` line, teardown): connection lines do not name theirs. Collapsible kinds
+    are compared without their collapse part (one event per connection and transport, whatever the
+    channel count); any other kind only verbatim, and only past its first REPEATS_KEPT lines.
+    A hash collision would merge two rows' counts, at odds of about n^2 / 2^64.
+    """
+    keys = keys.with_row_index("_pos")
+    # Within one stream, file order is line order (the vocabulary's rows come after the lines).
+    keys = keys.sort("_stream", "line", "part").with_columns(pl.col("_boundary").cum_sum().over("_stream").alias("_comm"))
+    group = ["_stream", "_comm", "kind", "_same"]
+    keys = keys.with_columns((pl.int_range(pl.len()).over(group) < pl.col("_kept_alone")).alias("_alone"))
+    alone = keys.filter(pl.col("_alone")).select("_pos", "_row", "kind")
+    merged = keys.filter(~pl.col("_alone")).group_by(group).agg(
+        pl.col("_pos", "_row").first(),
+        pl.len().alias("_n"),
+        pl.col("line").last().alias("last_line"),
+        pl.col("ts").drop_nulls().last().alias("last_ts"),
+    )
+    several = pl.col("_n") > 1
+    merged = merged.select(
+        "_pos", "_row", "kind",
+        pl.when(several).then(pl.col("_n")).alias("repeat"),
+        pl.when(several).then(pl.col("last_line")).alias("last_line"),
+        pl.when(several).then(pl.col("last_ts")).alias("last_ts"),
+    )
+    return pl.concat([alone, merged], how="diagonal").sort("_pos").drop("_pos")
+
+
 def _severity_expr() -> pl.Expr:
     # A vocabulary hit is a failure; a line the benign vocabulary knows is informational, whatever its level.
     vocab = (
@@ -273,7 +370,12 @@ def _severity_expr() -> pl.Expr:
 
 
 def _with_timestamps(frame: pl.DataFrame, year_hint: int) -> pl.DataFrame:
-    """Wall-clock times from whichever header had one. c10d/glog omit the year: `year_hint` fills it."""
+    return frame.with_columns(*_timestamp(year_hint))
+
+
+def _timestamp(year_hint: int) -> tuple[pl.Expr, pl.Expr]:
+    """Wall-clock time from whichever header had one, and which header. c10d/glog omit the year:
+    `year_hint` fills it."""
     nccl_ts = pl.col("nccl_ts").str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us")
     md = pl.coalesce("c_md", "g_md").str.zfill(4)
     clock = pl.coalesce("c_time", "g_time")
@@ -283,7 +385,7 @@ def _with_timestamps(frame: pl.DataFrame, year_hint: int) -> pl.DataFrame:
     collector = pl.col("collector_ts").str.replace(",", ".").str.replace("T", " ").str.replace("Z", "")
     collector_ts = collector.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us")
     collector_ts = pl.coalesce(collector_ts, collector.str.to_datetime("%Y-%m-%d %H:%M", strict=False, time_unit="us"))
-    return frame.with_columns(
+    return (
         pl.coalesce(nccl_ts, c10d_ts, collector_ts).dt.replace_time_zone("UTC").alias("ts"),
         pl.when(nccl_ts.is_not_null())
         .then(pl.lit("nccl"))
@@ -445,27 +547,32 @@ def _parse_warn(message: str | None) -> dict | None:
 
 
 def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
-    """Attach multi-line context to the lines that need it: tracebacks, `Last error:`, wrapped WorkNCCL."""
+    """Attach multi-line context to the lines that need it: tracebacks, `Last error:`, wrapped WorkNCCL.
+
+    `lines` is the frame the events were classified from, and an event's `_at` its row there. The
+    neighbours are found as row numbers over every line and their text gathered for the events only:
+    no string column the size of the batch is copied.
+    """
     stream = ["file", "pfx_rank", "pfx_host"]
-    ctx = lines.select("line", "part", *stream, "body").with_columns(
-        pl.col("body").str.contains(_TRACEBACK_LINE).alias("tb"),
-        pl.col("body").str.strip_chars().alias("stripped"),
-    )
-    ctx = ctx.sort([*stream, "line", "part"], nulls_last=True).with_columns(
+    ctx = lines.select(*stream, "_at", pl.col("body").str.contains(_TRACEBACK_LINE).alias("tb"))
+    ctx = ctx.with_columns(
         pl.col("tb").shift(1).over(stream).fill_null(False).alias("prev_tb"),
-        pl.col("stripped").shift(-1).over(stream).alias("next1"),
-        pl.col("stripped").shift(-2).over(stream).alias("next2"),
-        pl.col("stripped").shift(-3).over(stream).alias("next3"),
+        *[pl.col("_at").shift(-k).over(stream).alias(f"_next{k}") for k in (1, 2, 3)],
     )
     ctx = ctx.with_columns((pl.col("tb") & ~pl.col("prev_tb")).cum_sum().over(stream).alias("block"))
+    stripped = pl.col("body").str.strip_chars()
     stacks = (
-        ctx.filter(pl.col("tb"))
+        lines.select(*stream, "body")
+        .filter(ctx.get_column("tb"))
+        .with_columns(ctx.get_column("block").filter(ctx.get_column("tb")))
         .group_by([*stream, "block"])
-        .agg(pl.col("stripped").filter(pl.col("stripped").str.len_chars() > 0).tail(40).str.join(" | ").alias("stack"))
+        .agg(stripped.filter(stripped.str.len_chars() > 0).tail(40).str.join(" | ").alias("stack"))
     )
-    ctx = ctx.join(stacks, on=[*stream, "block"], how="left", nulls_equal=True).with_columns(
-        pl.when(pl.col("prev_tb")).then(pl.col("stack")).alias("stack")
-    )
+    near = ctx.select("prev_tb", "block", "_next1", "_next2", "_next3")[events.get_column("_at")]
+    body = lines.get_column("body")
+    nexts = pl.DataFrame({f"next{k}": body.gather(near.get_column(f"_next{k}")).str.strip_chars() for k in (1, 2, 3)})
+    events = pl.concat([events, near.select("prev_tb", "block"), nexts], how="horizontal")
+    events = events.join(stacks, on=[*stream, "block"], how="left", nulls_equal=True, maintain_order="left")
     last_error = pl.coalesce(
         *[
             pl.when(pl.col(n).str.starts_with("Last error:")).then(
@@ -479,10 +586,12 @@ def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
     wrapped_work = pl.coalesce(
         *[pl.col(n).str.extract(r"(WorkNCCL\((?:[^()]|\(ms\))*\))") for n in ("next1", "next2")]
     )
-    ctx = ctx.select("line", "part", *stream, "stack", last_error.alias("last_error"), wrapped_work.alias("next_work"))
-    events = events.join(ctx, on=["line", "part", *stream], how="left", nulls_equal=True)
     kind = pl.col("kind")
     events = events.with_columns(
+        pl.when(pl.col("prev_tb")).then(pl.col("stack")).alias("stack"),
+        last_error.alias("last_error"),
+        wrapped_work.alias("next_work"),
+    ).with_columns(
         pl.when(kind == "nccl.error_raised")
         .then(pl.col("last_error"))
         .when(kind == "traceback.exception")
@@ -565,6 +674,32 @@ def _merge_wrapped_work(events: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce("numel_out", "w_out").alias("numel_out"),
         pl.coalesce("timeout_ms", "w_to").alias("timeout_ms"),
     )
+
+
+# A timestamped line that no kind recognises still bounds the job's time span (torchrun's glog
+# header lines open most consoles): per file and batch, the earliest and latest such lines (of the
+# ones that are no event already) become `log.timed` events, without a message so that no signature
+# can match them.
+_CLOCK_SCREEN = r"\d\d:\d\d"  # every header time has HH:MM; lines without one are not peeled
+_CLOCK_TRIED = 16  # screened lines tried at each end of a file's batch (a "12:30" in prose has no header)
+
+
+def _time_bound_events(lines: pl.DataFrame, recognised: pl.DataFrame, year_hint: int) -> pl.DataFrame:
+    position = pl.int_range(pl.len()).over("file")
+    screened = lines.filter(pl.col("_nonempty") & pl.col("text").str.contains(_CLOCK_SCREEN))
+    ends = screened.join(recognised.select("file", "line"), on=["file", "line"], how="anti", maintain_order="left").filter(
+        (position < _CLOCK_TRIED) | (position >= pl.len().over("file") - _CLOCK_TRIED)
+    )
+    if ends.height == 0:
+        return empty_events()
+    stamped = _with_timestamps(_classify(peel_prefixes(ends.select("file", "line", "text"))), year_hint).filter(
+        pl.col("ts").is_not_null()
+    )
+    bounds = pl.concat([stamped.group_by("file").first(), stamped.group_by("file").last()]).unique(["file", "line"])
+    return conform(bounds.with_columns(
+        *_writer(), pl.lit("log.timed").alias("kind"), pl.lit("text").alias("source"), pl.lit("info").alias("severity"),
+        pl.lit(None, dtype=pl.String).alias("message"),
+    ).sort("file", "line"))
 
 
 def _last_line_event(last: pl.DataFrame, year_hint: int) -> pl.DataFrame:
