@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import polars as pl
 from rich.console import Console
 
 from analyzer.api import analyze
@@ -192,6 +193,39 @@ def test_the_time_span_covers_every_timestamped_source(tmp_path):
     assert span["start"].startswith("2026-11-30T16:52:46.023")
     assert span["start_source"] == "console.log:1 (collector)"  # a timestamp the log collector prefixed
     assert span["end"].startswith("2026-11-30T16:52:54.5") and span["end_source"] == "console.log:2 (collector)"
+
+
+def test_timestamped_lines_of_no_kind_bound_the_time_span_and_are_no_findings(tmp_path):
+    """torchrun's glog header lines open the console 8 s before any line of a kind; a collector-
+    stamped line that no kind knows closes it: both bound the span, with their line, and stay
+    out of every finding."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "console.log").write_text(
+        "W1130 16:52:46.023000 1771 torch/distributed/run.py:851] *****************************************\n"
+        "W1130 16:52:46.023000 1771 torch/distributed/run.py:851] Setting OMP_NUM_THREADS environment variable for each process\n"
+        "[default0]:[train.py rank0] init done backend=nccl world=1\n"
+        "vm:1811:1811 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n"
+        "2026-11-30 16:52:54.100 vm:1811:1811 [0] NCCL INFO comm 0x1 rank 0 nranks 1 cudaDev 0 busId 60 - Init COMPLETE\n"
+        "2026-11-30 16:53:01.750 [default0]:epoch 1 done\n"
+        "plain text without a clock\n")
+    result = analyze(job)
+    span = result.report["job"]["time_span"]
+    assert span["start"].startswith("2026-11-30T16:52:46.023") and span["start_source"] == "console.log:1 (c10d-year-inferred)"
+    assert span["end"].startswith("2026-11-30T16:53:01.75") and span["end_source"] == "console.log:6 (collector)"
+    assert result.report["findings"] == [] and result.report["verdict"]["category"] == "none"
+    timed = result.events.filter(pl.col("kind") == "log.timed")
+    assert timed.get_column("line").to_list() == [1, 6] and timed.get_column("message").null_count() == 2
+
+
+def test_recorded_healthy_traced_span_starts_at_the_consoles_first_line():
+    job = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "healthy_traced" / "job"
+    first = (job / "console.log").read_text().splitlines()[0]
+    report = analyze(job).report
+    span = report["job"]["time_span"]
+    assert first.startswith("W1130 16:52:46.023") and span["start"].startswith("2026-11-30T16:52:46.023")
+    assert span["start_source"] == "console.log:1 (c10d-year-inferred)"
+    assert report["findings"] == []
 
 
 def _text(report: dict) -> str:
