@@ -53,15 +53,19 @@ class JobFacts:
 def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFrame, JobFacts]:
     events = _plausible_ranks(events)
     events = _apply_file_hints(events, inputs)
+    events, size_conflicts = _uncorroborated_sizes(events)
     events = _ranks_from_pids(events)
     events = _ranks_from_single_rank_files(events)
     events = _ranks_from_default_pg(events)
+    events, rank_conflicts = _uncorroborated_rank(events)
     events = _hosts_from_ranks(events)
     events = _hosts_from_files(events)
     # Joins do not keep row order; event ids must be stable for deterministic reports.
     events = events.sort(["file", "line", "kind"], nulls_last=True, maintain_order=True)
     events = events.with_row_index("event_id").with_columns(pl.col("event_id").cast(pl.Int64))
-    return events, _facts(events)
+    facts = _facts(events)
+    facts.conflicts[:0] = size_conflicts + rank_conflicts
+    return events, facts
 
 
 def _plausible_ranks(events: pl.DataFrame) -> pl.DataFrame:
@@ -72,6 +76,77 @@ def _plausible_ranks(events: pl.DataFrame) -> pl.DataFrame:
         *[plausible(pl.col(name)).alias(name) for name in _RANK_COLUMNS],
         pl.col("ranks_ref").list.eval(pl.element().filter(pl.element().is_between(0, MAX_WORLD_SIZE))),
     )
+
+
+# --- world size: a value one source claims against what the others agree on is not used -----------
+#
+# Every size statement counts once per independent source: one process of a log (`host:pid`), or
+# one file (a Flight Recorder dump, a trace). A process states several sizes (its sub-communicators
+# are smaller than the world), so what a source says the world is, is the largest it states.
+
+_WORLD_KINDS = ("nccl.comm_init", "fr.pg_status")  # the statements the world size is taken from
+
+
+def _size_sources(events: pl.DataFrame) -> pl.DataFrame:
+    """One row per size some source states as its largest: nranks, sources, at (first line), file (its file)."""
+    return (
+        events.filter(pl.col("kind").is_in(_WORLD_KINDS) & pl.col("nranks").is_not_null())
+        .sort("file", "line")
+        .group_by("kind", "file", "host", "pid", maintain_order=True)
+        .agg(pl.col("nranks").max(), _where().sort_by("nranks", descending=True).first().alias("at"))
+        .group_by("nranks")
+        .agg(pl.len().alias("sources"), pl.col("at").sort().first(), pl.col("file").sort_by("at").first())
+        .sort("nranks", descending=True)
+    )
+
+
+def _uncorroborated_sizes(events: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """The largest size stated, when a single source states it while at least two others agree on a
+    smaller one that no rank named elsewhere reaches (an `nranks 1000000` line in a job of two; a rank
+    its own file names corroborates nothing), is a contradiction, not the world size: it is listed in
+    the conflicts and made an invalid value on its line (so the world communicator is not looked for by
+    it either). Repeated while it holds."""
+    sizes = _size_sources(events)
+    rejected: list[int] = []
+    conflicts: list[str] = []
+    for largest, sources, at, file in sizes.iter_rows():  # a row per distinct size stated: a handful
+        rest = sizes.filter(~pl.col("nranks").is_in([*rejected, largest])).sort(["sources", "nranks"], descending=True)
+        if sources > 1 or rest.height == 0:
+            break
+        agreed, agreeing, agreed_at, _ = rest.row(0)
+        seen = events.filter(pl.col("file") != file).get_column("rank").max()
+        if agreeing < 2 or (seen is not None and seen >= agreed):
+            break
+        rejected.append(largest)
+        conflicts.append(f"world size: nranks {largest} is stated by one source only ({at}) against nranks {agreed} "
+                         f"stated by {agreeing} sources ({agreed_at}); not used")
+    if not rejected:
+        return events, []
+    stated = pl.col("kind").is_in(_WORLD_KINDS) & pl.col("nranks").is_in(rejected)
+    return events.with_columns(pl.when(stated).then(None).otherwise(pl.col("nranks")).alias("nranks")), conflicts
+
+
+def _uncorroborated_rank(events: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """A rank at or past a world size that two or more sources state, when it is the only such rank
+    and one file alone names it (a `[Rank 999999]` line in a job of two), is a contradiction: listed
+    in the conflicts, and the rank is made an invalid value on its lines, so it sizes nothing and is
+    no culprit."""
+    sizes = _size_sources(events)
+    if sizes.height == 0 or sizes.item(0, "sources") < 2:
+        return events, []
+    world, sources, stated_at, _ = sizes.row(0)
+    past = (
+        events.filter(pl.col("rank") >= world)
+        .sort("file", "line")
+        .group_by("rank")
+        .agg(pl.col("file").n_unique().alias("files"), _where().first().alias("at"))
+    )
+    if past.height != 1 or past.item(0, "files") != 1:
+        return events, []
+    rank, at = past.item(0, "rank"), past.item(0, "at")
+    conflict = (f"world size: rank {rank} is named in one file only ({at}), past nranks {world} stated by "
+                f"{sources} sources ({stated_at}); not used")
+    return events.with_columns(pl.when(pl.col("rank") == rank).then(None).otherwise(pl.col("rank")).alias("rank")), [conflict]
 
 
 def _apply_file_hints(events: pl.DataFrame, inputs: list[InputFile]) -> pl.DataFrame:
