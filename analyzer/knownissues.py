@@ -32,7 +32,8 @@ from pathlib import Path
 import polars as pl
 
 from analyzer.resources import data_dir
-from analyzer.rules import CATEGORIES, catalogue
+from analyzer.categories import CATEGORIES
+from analyzer.rules import catalogue
 
 # Component -> the host fact (analyzer.hostfacts) that states its version.
 COMPONENTS: dict[str, str] = {

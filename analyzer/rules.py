@@ -16,19 +16,9 @@ from pathlib import Path
 
 import polars as pl
 
+from analyzer.categories import CATEGORIES
 from analyzer.resources import data_dir
 
-CATEGORIES = frozenset(
-    {
-        "none", "nccl_init_failure", "shm_too_small", "nccl_timeout", "rank_absent_from_collective",
-        "collective_mismatch", "network_unreachable_or_firewall", "wrong_network_interface",
-        "ib_link_or_hca_error", "nccl_version_mismatch", "duplicate_gpu_or_cuda_visible_devices",
-        "gpu_hardware_xid", "cuda_oom_on_some_ranks", "ddp_unused_parameters",
-        "rank_crash_exception_then_hang", "disk_full_or_io", "checkpoint_corruption",
-        "p2p_nvlink_or_pcie_error", "degraded_transport", "straggler", "fragmented_memory",
-        "host_oom_or_killed", "other",
-    }
-)
 SEVERITIES = frozenset({"error", "warning", "info"})
 ROLES = frozenset({"cause", "symptom", "context"})
 ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "none"})

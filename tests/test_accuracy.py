@@ -2,7 +2,7 @@
 
 import tomllib
 
-from analyzer.rules import CATEGORIES
+from analyzer.categories import CATEGORIES
 from tests.accuracy import evaluate, evaluate_healthy, healthy_runs, round_figures, summarise, truth_cases
 
 # Raise these as the analyzer improves. Culprit misses left: the excerpts of 019, 024, 025 and 031

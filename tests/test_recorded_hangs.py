@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import analyze
+from analyzer.categories import categories
 from analyzer.rules import rules_by_id
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
-HANG_CATEGORIES = {"nccl_timeout", "rank_absent_from_collective", "collective_mismatch", "rank_crash_exception_then_hang"}
+# A hang recording: every category whose peers stay alive waiting (schema/categories.toml `hangs`), a crash
+# that leaves them waiting too.
+HANG_CATEGORIES = {c.id for c in categories() if c.hangs}
 DUMP_FORMATS = {"pickle", "flight_recorder_json"}
 STACK_FORMATS = {"pyspy_text", "pyspy_json"}
 # Written here, not imported: the check must not share the analyzer's own parsing of names.

@@ -23,7 +23,7 @@ import polars as pl
 
 from analyzer.parse.literals import required_literals
 from analyzer.resources import data_dir
-from analyzer.rules import CATEGORIES
+from analyzer.categories import CATEGORIES
 
 COLUMNS = ("id", "component", "match", "pattern", "code", "message", "category", "meaning", "remediation", "source", "versions", "test_line")
 _REQUIRED = ("id", "component", "match", "pattern", "code", "category", "meaning", "remediation", "source", "versions", "test_line")
