@@ -19,6 +19,9 @@ from analyzer.rules import Rule, catalogue
 
 MAX_EVIDENCE_PER_FINDING = 50
 _RANK_MENTION = r"\brank (\d+)\b"
+# A host the line itself names as the one that failed (`host=<h> was not reachable via ssh`, `ssh: Could
+# not resolve hostname <h>`, `connect to host <h> port 22`): the culprit when the line's writer is unknown.
+_HOST_MENTION = r"\b(?:host=|hostname |to host )([A-Za-z0-9][\w\-]*(?:\.[\w\-]+)*)"
 
 
 @dataclass
@@ -76,6 +79,7 @@ def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) 
                 named.filter(named.is_between(0, MAX_WORLD_SIZE))
             )
         ).alias("ranks_named"),
+        pl.col("message").fill_null("").str.extract(_HOST_MENTION, 1).alias("host_named"),
         *[rule.expression().alias(rule.id) for rule in rules],
     )
     rows = []
@@ -93,7 +97,7 @@ def _aggregate(rule: Rule, hits: pl.DataFrame, job: JobContext) -> dict:
         ranks = hits.get_column("rank").drop_nulls().unique().to_list()
         hosts = hits.get_column("host").drop_nulls().unique().to_list()
     elif rule.attribution == "hosts":
-        hosts = hits.get_column("host").drop_nulls().unique().to_list()
+        hosts = hits.get_column("host").drop_nulls().unique().to_list() or hits.get_column("host_named").drop_nulls().unique().to_list()
     elif rule.attribution == "ranks_ref":
         ranks = hits.get_column("ranks_named").explode().drop_nulls().unique().to_list()
         hosts = [job.rank_hosts[r] for r in ranks if r in job.rank_hosts]
