@@ -22,6 +22,9 @@ _ANSI = r"\x1b\[[0-9;?]*[A-Za-z]|^\s*\[0m\s?"
 _PREFIX = (
     r"^"
     r"(?:\s*(?P<collector_ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)(?:\s+\|\s+\w+\s+\|)?\s+(?:\S+ \|\| )?)?"
+    # syslog / journald short header (kern.log, /var/log/messages, `journalctl -k`): `Dec  2 10:43:35 host kernel: `,
+    # `host tag[pid]: `; the tag must be `kernel` or carry a pid, so `Epoch 3: ...` is no header.
+    r"(?:(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )?(?P<syslog_host>[\w.\-]+) (?:kernel|[\w.\-/]+\[\d+\]): )?"
     r"(?:\((?:[\w.]+ )?pid=(?P<ray_pid>\d+)(?:, ip=[\d.]+)?\)\s+)?"
     r"(?:\[\d+,(?P<mpi_rank>\d+)\]<std(?:out|err)>:)?"
     r"(?:\[(?P<bracket_rank>\d+)\]\s)?"
@@ -110,11 +113,11 @@ def peel_prefixes(lines: pl.DataFrame, host_labels: bool = True) -> pl.DataFrame
             int_col("label_rank"),
         ).alias("pfx_rank"),
         pl.coalesce(pl.when(~tee_is_rank).then(int_col("tee_num")), int_col("acc_local")).alias("pfx_local_rank"),
-        pl.coalesce(pl.col("acc_host"), pl.col("label_host")).alias("pfx_host"),
+        pl.coalesce(pl.col("acc_host"), pl.col("label_host"), pl.col("syslog_host")).alias("pfx_host"),
         int_col("ray_pid").alias("pfx_pid"),
     ).drop(
         "_clean", "ray_pid", "mpi_rank", "bracket_rank", "label_rank", "acc_host", "acc_local",
-        "tee_role", "tee_num", "torch_rank", "label_host",
+        "tee_role", "tee_num", "torch_rank", "label_host", "syslog_host",
     )
 
 
