@@ -1,7 +1,9 @@
 """The library entry point: run discover -> parse -> correlate -> detect -> decide on one job.
 
-`analyze(path)` returns an `Analysis` holding the frames (events, ranked findings) and the report
-document (the versioned JSON contract, see `schema/report.schema.json`). Renderers read it.
+`analyze(path)` returns an `Analysis` holding the frames (events, ranked findings), the typed
+report (`model`, analyzer/report.py, assembled here from the decided findings and the job facts)
+and its JSON document (`report`, the versioned contract of `schema/report.schema.json`, which is
+generated from the same model). Renderers read the document.
 
 It raises `DiscoveryError` (exit 2) when there is nothing to analyse: no file, nothing readable, or
 files of which none holds a line of any training-log format ("no evidence" is not "no failure").
@@ -11,12 +13,13 @@ Exceptions of the analyzer's own (anything outside `analyzer.exits.INPUT_ERRORS`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import polars as pl
 
 from analyzer import __version__
 from analyzer.analyses import JobContext
+from analyzer.categories import outcome_of
 from analyzer.correlate import JobFacts, correlate
 from analyzer.decide import decide
 from analyzer.detect import detect, format_ranks
@@ -24,14 +27,12 @@ from analyzer.io import STDIN, DiscoveryError, InputFile, discover
 from analyzer.exits import INPUT_ERRORS
 from analyzer.gpus import culprit_gpus
 from analyzer.parse import TEXT_FORMATS, parse_inputs
+from analyzer.report import (SCHEMA_VERSION, Checkpoint, CulpritGpu, Evidence, Finding, HostFacts, InputRecord, Job,
+                             Report, TimeSpan, Verdict, document, from_record)
 from analyzer.rules import Rule, rules_by_id
 
-SCHEMA_VERSION = "1.3"  # 1.1: optional job.host_facts and checkpoints; 1.2: inputs[].capped;
-# 1.3: job.world_size_source/_stated, job.time_span, job.facts_conflicts, verdict.culprit_gpus
+__all__ = ["SCHEMA_VERSION", "Analysis", "NoTrainingLogs", "NothingToAnalyse", "analyze", "build_report"]
 MAX_EVIDENCE_LINES = 8
-
-_HANG_CATEGORIES = {"nccl_timeout", "rank_absent_from_collective", "collective_mismatch"}
-_SLOW_CATEGORIES = {"straggler", "degraded_transport", "fragmented_memory"}
 # The event every text file yields for its last line, whatever the line holds: not evidence that
 # the file is a training log.
 _LAST_LINE_KIND = "log.last"
@@ -53,7 +54,11 @@ class Analysis:
     findings: pl.DataFrame
     facts: JobFacts
     inputs: list[InputFile]
-    report: dict
+    model: Report  # the typed report (analyzer/report.py)
+    report: dict = field(init=False)  # its JSON document: what `--format json` writes and renderers read
+
+    def __post_init__(self) -> None:
+        self.report = document(self.model)
 
 
 def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()) -> Analysis:
@@ -77,9 +82,9 @@ def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()
         read = sum(item.status in _READ for item in inputs) + source
         raise NoTrainingLogs(f"{path}: no training logs found: {read} file{'s' if read != 1 else ''} read, "
                              "none of a known format" + (f" ({source} source code or markup)" if source else ""))
-    report = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems,
-                          checkpoints)
-    return Analysis(events, decision.ranked, facts, inputs, report)
+    model = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems,
+                         checkpoints)
+    return Analysis(events, decision.ranked, facts, inputs, model)
 
 
 def _holds_training_lines(events: pl.DataFrame, inputs: list[InputFile]) -> bool:
@@ -112,41 +117,40 @@ def build_report(
     rules: dict[str, Rule],
     problems: list[str],
     checkpoints: list[dict] | None = None,
-) -> dict:
+) -> Report:
     by_id = events.select("event_id", "file", "line", "rank", "text").rows_by_key("event_id", named=True, unique=True)
     shown: set[int] = set()  # each line is evidence once: under the best-ranked finding that cites it
-    findings = [_finding_doc(row, rules[row["rule_id"]], by_id, shown) for row in ranked.iter_rows(named=True)]
-    verdict = _verdict_doc(findings, verdict_rule, inputs)
+    findings = [_finding(row, rules[row["rule_id"]], by_id, shown) for row in ranked.iter_rows(named=True)]
+    verdict = _verdict(findings, verdict_rule, inputs)
     evidence = ranked.get_column("evidence")[0].to_list() if ranked.height else []
-    verdict["culprit_gpus"] = culprit_gpus(events, verdict["culprit_ranks"], verdict["culprit_hosts"], evidence)
-    report = {
-        "schema_version": SCHEMA_VERSION,
-        "analyzer_version": __version__,
-        "job": {
-            "path": path,
-            "world_size": facts.world_size,
-            "world_size_source": facts.world_size_source,
-            "world_size_stated": facts.world_size_stated,
-            "time_span": facts.time_span,
-            "facts_conflicts": facts.conflicts,
-            "ranks": facts.ranks,
-            "hosts": facts.hosts,
-            "outcome": _outcome(verdict, events, inputs),
-            "host_facts": _host_fact_records(events, problems),
-        },
-        "verdict": verdict,
-        "findings": findings,
-        "inputs": [_input_doc(i) for i in inputs],
-        "problems": problems,
-    }
-    if checkpoints is not None:
-        report["checkpoints"] = checkpoints
-    return report
+    gpus = culprit_gpus(events, verdict.culprit_ranks, verdict.culprit_hosts, evidence)
+    job = Job(
+        path=path,
+        world_size=facts.world_size,
+        world_size_source=facts.world_size_source,
+        world_size_stated=facts.world_size_stated,
+        time_span=from_record(TimeSpan, facts.time_span) if facts.time_span is not None else None,
+        facts_conflicts=facts.conflicts,
+        ranks=facts.ranks,
+        hosts=facts.hosts,
+        outcome=_outcome(verdict.category, events, inputs),
+        host_facts=[from_record(HostFacts, r) for r in _host_fact_records(events, problems)],
+    )
+    return Report(
+        schema_version=SCHEMA_VERSION,
+        analyzer_version=__version__,
+        job=job,
+        verdict=replace(verdict, culprit_gpus=[from_record(CulpritGpu, g) for g in gpus]),
+        findings=findings,
+        inputs=[_input_record(i) for i in inputs],
+        problems=problems,
+        checkpoints=None if checkpoints is None else [from_record(Checkpoint, c) for c in checkpoints],
+    )
 
 
 def _checkpoint_records(events: pl.DataFrame, job: JobContext, problems: list[str]) -> list[dict] | None:
     """The checkpoint table for the report; the checkpoint_audit analysis read the same files (cached)."""
-    from analyzer.checkpoints import audit_job, report_records
+    from analyzer.checkpoint_audit import audit_job, report_records
 
     try:
         return report_records(audit_job(events, job))
@@ -163,72 +167,50 @@ def _host_fact_records(events: pl.DataFrame, problems: list[str]) -> list[dict]:
     return host_fact_records(events, notes_by_host(events))
 
 
-def _finding_doc(row: dict, rule: Rule, by_id: dict, shown: set[int]) -> dict:
+def _finding(row: dict, rule: Rule, by_id: dict, shown: set[int]) -> Finding:
     """The finding as the report shows it; evidence lines already shown under a better-ranked
     finding (ranked: verdict first, cause before symptom) are not repeated."""
     fresh = [event_id for event_id in row["evidence"] if event_id not in shown and event_id in by_id][:MAX_EVIDENCE_LINES]
     shown.update(fresh)
-    evidence = []
-    for event_id in fresh:
-        event = by_id[event_id]
-        evidence.append({"file": event["file"], "line": event["line"], "rank": event["rank"], "text": event["text"] or ""})
-    return {
-        "rule_id": rule.id,
-        "category": rule.category,
-        "severity": rule.severity,
-        "title": rule.title,
-        "summary": row["summary"],
-        "ranks": row["ranks"],
-        "hosts": row["hosts"],
-        "confidence": row["confidence"],
-        "caused_by": row.get("caused_by") or [],
-        "evidence": evidence,
-        "remediation": rule.remediation,
-    }
+    evidence = [Evidence(file=e["file"], line=e["line"], rank=e["rank"], text=e["text"] or "") for e in map(by_id.get, fresh)]
+    return Finding(
+        rule_id=rule.id,
+        category=rule.category,
+        severity=rule.severity,
+        title=rule.title,
+        summary=row["summary"],
+        ranks=row["ranks"],
+        hosts=row["hosts"],
+        confidence=row["confidence"],
+        caused_by=row.get("caused_by") or [],
+        evidence=evidence,
+        remediation=rule.remediation,
+    )
 
 
-def _verdict_doc(findings: list[dict], rule: Rule | None, inputs: list[InputFile]) -> dict:
+def _verdict(findings: list[Finding], rule: Rule | None, inputs: list[InputFile]) -> Verdict:
+    """The verdict without its GPUs (build_report adds them: they are looked up from its culprits)."""
     if rule is None or not findings:
-        return {
-            "category": "none",
-            "title": "No failure found",
-            "summary": "No failure signature matched any input." + _not_read(inputs),
-            "culprit_ranks": [],
-            "culprit_hosts": [],
-            "confidence": 1.0,
-            "rule_id": None,
-            "evidence": [],
-        }
+        return Verdict(category="none", title="No failure found",
+                       summary="No failure signature matched any input." + _not_read(inputs), culprit_ranks=[],
+                       culprit_hosts=[], confidence=1.0, rule_id=None, evidence=[], culprit_gpus=[])
     top = findings[0]
     if rule.role == "symptom":
         # Only symptoms were found: the ranks that report them are usually the healthy ones.
-        return {
-            "category": rule.category,
-            "title": rule.title,
-            "summary": top["summary"] + ". Only symptoms were found; the ranks reporting them are not named as culprits.",
-            "culprit_ranks": [],
-            "culprit_hosts": [],
-            "confidence": top["confidence"],
-            "rule_id": rule.id,
-            "evidence": top["evidence"],
-        }
+        return Verdict(category=rule.category, title=rule.title,
+                       summary=top.summary + ". Only symptoms were found; the ranks reporting them are not named as culprits.",
+                       culprit_ranks=[], culprit_hosts=[], confidence=top.confidence, rule_id=rule.id,
+                       evidence=top.evidence, culprit_gpus=[])
     culprits = ""
-    if top["ranks"]:
-        culprits += f" Culprit rank(s): {format_ranks(top['ranks'])}."
-    if top["hosts"]:
-        culprits += f" Host(s): {', '.join(top['hosts'][:8])}."
-    if not top["ranks"] and not top["hosts"] and rule.role != "context":
+    if top.ranks:
+        culprits += f" Culprit rank(s): {format_ranks(top.ranks)}."
+    if top.hosts:
+        culprits += f" Host(s): {', '.join(top.hosts[:8])}."
+    if not top.ranks and not top.hosts and rule.role != "context":
         culprits += " The evidence does not name a culprit rank or host."
-    return {
-        "category": rule.category,
-        "title": rule.title,
-        "summary": top["summary"] + "." + culprits,
-        "culprit_ranks": top["ranks"],
-        "culprit_hosts": top["hosts"],
-        "confidence": top["confidence"],
-        "rule_id": rule.id,
-        "evidence": top["evidence"],
-    }
+    return Verdict(category=rule.category, title=rule.title, summary=top.summary + "." + culprits,
+                   culprit_ranks=top.ranks, culprit_hosts=top.hosts, confidence=top.confidence, rule_id=rule.id,
+                   evidence=top.evidence, culprit_gpus=[])
 
 
 def _unseen(item: InputFile) -> bool:
@@ -253,26 +235,13 @@ def _not_read(inputs: list[InputFile]) -> str:
             " there would not be seen.")
 
 
-def _outcome(verdict: dict, events: pl.DataFrame, inputs: list[InputFile]) -> str:
-    category = verdict["category"]
+def _outcome(category: str, events: pl.DataFrame, inputs: list[InputFile]) -> str:
     if category == "none":
         # "ok" claims the run was healthy: not when a cap or a read error left evidence unread.
         return "ok" if events.height and not any(_unseen(i) for i in inputs) else "unknown"
-    if category in _HANG_CATEGORIES:
-        return "hang"
-    if category in _SLOW_CATEGORIES:
-        return "slow"
-    return "crash"
+    return outcome_of(category)  # crash, hang or slow (schema/categories.toml)
 
 
-def _input_doc(item: InputFile) -> dict:
-    return {
-        "file": item.path,
-        "format": item.format,
-        "ranks": item.ranks,
-        "lines": item.lines,
-        "unparsed_lines": item.unparsed_lines,
-        "status": item.status,
-        "reason": item.reason,
-        "capped": item.capped,
-    }
+def _input_record(item: InputFile) -> InputRecord:
+    return InputRecord(file=item.path, format=item.format, ranks=item.ranks, lines=item.lines,
+                       unparsed_lines=item.unparsed_lines, status=item.status, reason=item.reason, capped=item.capped)

@@ -126,7 +126,9 @@ def analyze(job: Path, fmt: str, output: Path | None, all_inputs: bool, checkpoi
     # Everything is rendered before anything is written: an internal error in a renderer leaves no
     # verdict and no half JSON document behind.
     if fmt == "json":
-        text = json.dumps(report, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+        from analyzer.render.json_report import render_json
+
+        text = render_json(result.model)
     else:
         from analyzer.render.text import render_text
 
