@@ -46,3 +46,23 @@ def test_an_nvls_setup_failure_is_the_fabric_unless_it_is_out_of_memory(tmp_path
     memory = _job(tmp_path / "memory", "node1:100:200 [0] transport/nvls.cc:244 NCCL WARN Cuda failure 2 'out of memory'\n" + chain)
     assert (fabric["verdict"]["category"], fabric["verdict"]["rule_id"]) == ("p2p_nvlink_or_pcie_error", "nccl-nvls-setup-failure")
     assert memory["verdict"]["category"] == "cuda_oom_on_some_ranks"
+
+
+def test_a_line_naming_the_host_it_could_not_reach_names_the_culprit_host(tmp_path):
+    """A hosts-attributed signature whose lines carry no writer takes the host the line itself names."""
+    (tmp_path / "launch.log").write_text(
+        "[2025-03-01 10:00:00,000] [INFO] [runner.py:463:main] Using IP address of 10.0.0.4 for node worker-0\n"
+        "RuntimeError: Using hostfile at /etc/hostfile but host=worker-1.train-svc was not reachable via ssh. If you are "
+        "running with a single node please remove /etc/hostfile or setup passwordless ssh.\n"
+        "Traceback ends here\n"
+    )
+    verdict = analyze(tmp_path).report["verdict"]
+    assert verdict["category"] == "network_unreachable_or_firewall"
+    assert verdict["culprit_hosts"] == ["worker-1.train-svc"]
+
+
+def test_a_host_word_without_a_name_names_no_host(tmp_path):
+    (tmp_path / "launch.log").write_text(
+        "RuntimeError: Using hostfile at /etc/hostfile but the host was not reachable via ssh.\nnext line\n"
+    )
+    assert analyze(tmp_path).report["verdict"]["culprit_hosts"] == []
