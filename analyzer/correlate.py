@@ -118,8 +118,9 @@ def _uncorroborated_sizes(events: pl.DataFrame) -> tuple[pl.DataFrame, list[str]
         if agreeing < 2 or (seen is not None and seen >= agreed):
             break
         rejected.append(largest)
-        conflicts.append(f"world size: nranks {largest} is stated by one source only ({at}) against nranks {agreed} "
-                         f"stated by {agreeing} sources ({agreed_at}); not used")
+        # Not "world size: ...": the size is settled by the agreeing sources, the header shows it as a fact.
+        conflicts.append(f"uncorroborated size: nranks {largest} is stated by one source only ({at}) against nranks "
+                         f"{agreed} stated by {agreeing} sources ({agreed_at}); not used")
     if not rejected:
         return events, []
     stated = pl.col("kind").is_in(_WORLD_KINDS) & pl.col("nranks").is_in(rejected)
@@ -144,7 +145,7 @@ def _uncorroborated_rank(events: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]
     if past.height != 1 or past.item(0, "files") != 1:
         return events, []
     rank, at = past.item(0, "rank"), past.item(0, "at")
-    conflict = (f"world size: rank {rank} is named in one file only ({at}), past nranks {world} stated by "
+    conflict = (f"uncorroborated rank: rank {rank} is named in one file only ({at}), past nranks {world} stated by "
                 f"{sources} sources ({stated_at}); not used")
     return events.with_columns(pl.when(pl.col("rank") == rank).then(None).otherwise(pl.col("rank")).alias("rank")), [conflict]
 

@@ -34,7 +34,7 @@ SCAN_BOUND_S = 400  # the whole scan on 2 workers, start-up included
 RSS_BOUND_MB = 1024  # the largest process of the scan (the scan itself or one worker)
 FAILING = gen.ROOT / "fixtures" / "cases" / "rec-watchdog-timeout-rank1-skipped"
 HEALTHY = gen.ROOT / "fixtures" / "healthy" / "torchrun-2gpu-normal" / "job"
-STATUSES = {"analysed", "cannot_analyse", "timed_out", "crashed"}
+STATUSES = {"analysed", "cannot_analyse", "timed_out", "over_memory", "crashed"}
 
 LAUNCHER = r"""
 import json, resource, subprocess, sys, time

@@ -9,12 +9,16 @@ larger size, a rank file of its own).
 
 from __future__ import annotations
 
+import io
 import shutil
 from pathlib import Path
+
+from rich.console import Console
 
 from analyzer.api import analyze
 from analyzer.correlate import correlate
 from analyzer.events import events_from_records
+from analyzer.render.text import render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = ROOT / "fixtures" / "cases" / "rec-watchdog-timeout-rank1-skipped" / "job"
@@ -38,7 +42,7 @@ def test_one_source_stating_an_outlier_size_is_a_contradiction_not_the_size():
     facts = correlate(events_from_records(_two_ranks(_init(5, 103, 0, 1_000_000))), [])[1]
     assert facts.world_size == 2
     assert facts.world_size_source == "NCCL comm init nranks 2 (console.log:1)"
-    assert facts.conflicts == ["world size: nranks 1000000 is stated by one source only (console.log:5) against "
+    assert facts.conflicts == ["uncorroborated size: nranks 1000000 is stated by one source only (console.log:5) against "
                                "nranks 2 stated by 2 sources (console.log:1); not used"]
     assert correlate(events_from_records(_two_ranks()), [])[1].conflicts == []
 
@@ -74,7 +78,7 @@ def test_one_rank_line_past_an_agreed_size_is_a_contradiction():
     events = _two_ranks(_event(5, file="other.log", rank=999_999))
     attributed, facts = correlate(events_from_records(events), [])
     assert (facts.world_size, facts.ranks) == (2, [0, 1])
-    assert facts.conflicts == ["world size: rank 999999 is named in one file only (other.log:5), past nranks 2 stated "
+    assert facts.conflicts == ["uncorroborated rank: rank 999999 is named in one file only (other.log:5), past nranks 2 stated "
                                "by 2 sources (console.log:1); not used"]
     assert attributed.filter(attributed["file"] == "other.log").get_column("rank").to_list() == [None]
 
@@ -117,3 +121,11 @@ def test_an_outlier_line_changes_neither_the_verdict_nor_the_world_size(tmp_path
     conflicts = report["job"]["facts_conflicts"]
     assert any("nranks 1000000 is stated by one source only" in c for c in conflicts), conflicts
     assert any("rank 999999 is named in one file only" in c for c in conflicts), conflicts
+    header = _text(report).splitlines()[0]
+    assert "world size: 2" in header and "conflicting" not in header, header
+
+
+def _text(report: dict) -> str:
+    buffer = io.StringIO()
+    render_text(report, Console(file=buffer, width=200, no_color=True, emoji=False, highlight=False))
+    return buffer.getvalue()
