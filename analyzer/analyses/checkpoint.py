@@ -1,6 +1,6 @@
 """Detect (checkpoint audit): can this job resume from its checkpoints, and will it resume exactly?
 
-`checkpoint_audit` reads the table of `analyzer.checkpoints.audit_job` (the checkpoints under the
+`checkpoint_audit` reads the table of `analyzer.checkpoint_audit.audit_job` (the checkpoints under the
 job root, in its checkpoint-named siblings and at --checkpoint paths) and emits one finding per
 kind of trouble, each naming the checkpoints concerned and the newest one to resume from:
 
@@ -25,7 +25,7 @@ from pathlib import PurePosixPath
 import polars as pl
 
 from analyzer.analyses import JobContext, register
-from analyzer.checkpoints import audit_job
+from analyzer.checkpoint_audit import audit_job
 from analyzer.findings import finding, findings_frame
 from analyzer.rules import rules_by_id
 

@@ -45,7 +45,7 @@ def _parse_pyspy_json(item: InputFile) -> pl.DataFrame:
 
 
 def _parse_capture_manifest(item: InputFile) -> pl.DataFrame:
-    from analyzer.parse.capture import parse_capture_manifest
+    from analyzer.parse.capture_manifest import parse_capture_manifest
 
     return parse_capture_manifest(item)
 
