@@ -1,11 +1,11 @@
-"""Stage 6, render (HTML): one self-contained incident report with a cross-rank timeline.
+"""Stage 7, render (HTML): one self-contained incident report with a cross-rank timeline.
 
 The page reads top-down like the terminal report: the verdict (category, culprits, confidence,
 evidence with file:line, remediation), the other findings cause before symptom, the per-host
 facts table (folded by `analyzer.render.tables`, differing cells marked), the checkpoint audit,
-the timeline, then the inputs table. The timeline's frames come from `analyzer.render.timeline`; this module
-only turns them into a compact columnar payload (string tables, gzip+base64 when large) that the
-page's script (`assets/report.js`) draws with the vendored plotly.js.
+the timeline, then the inputs table. The timeline's frames come from `analyzer.render.timeline`;
+`analyzer.render.timeline_payload` turns them into a compact columnar payload (string tables,
+gzip+base64 when large) that the page's script (`assets/report.js`) draws with the vendored plotly.js.
 
 Offline and safe by construction: plotly.js and the script are inlined, a Content-Security-Policy
 admits exactly those two scripts (by hash) and no network, every string from the logs is escaped
@@ -16,13 +16,11 @@ in the HTML and again by the script before plotly renders it, and the output is 
 from __future__ import annotations
 
 import base64
-import gzip
 import hashlib
 import html
 import json
 import math
 import os
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
@@ -30,54 +28,14 @@ import polars as pl
 
 from analyzer.detect import format_ranks
 from analyzer.render.tables import VARIES, HostTable, cell_note, checkpoint_parts, host_table, human_size, per_rank_text
-from analyzer.render.timeline import CLASSES, FOLD_THRESHOLD, MAX_LANES, PANELS, Timeline, build_timeline, step_times
+from analyzer.render.timeline import CLASSES, FOLD_THRESHOLD, MAX_LANES, Timeline, build_timeline, step_times
+from analyzer.render.timeline_payload import (STYLE, Style, columns, data_element, inputs_payload, present_classes,
+                                             timeline_payload)
 
-MAX_TEXT_CHARS = 2000  # of one log line in the payload
-MEMBER_TEXT_BUDGET = 1_000_000  # characters of folded members' line texts, in display order
-COMPRESS_ABOVE = 256 * 1024  # payload bytes above which it is gzipped (the page inflates it natively)
 INPUTS_INLINE = 500  # inputs listed as HTML rows; beyond, problems in HTML and all files in the payload
 EVIDENCE_SHOWN = 3  # evidence lines of a secondary finding shown before "more"
 FINDINGS_FULL_PER_RULE = 3  # findings of one signature shown in full; the rest one line each
 FINDINGS_LISTED_PER_RULE = 50
-
-PANEL_TITLES = {
-    "time": "UTC time (all sources on one clock)",
-    "order": "line order in lane (no timestamp)",
-    "seq": "collective sequence number",
-}
-
-# Drawing attributes per marker class: symbol (and its hollow form, for an inferred clock), colour,
-# size, the lane sub-row (offset from the lane's centre, in lanes; positive is lower) and what the
-# legend says it means. No two classes share a shape or a colour, so the legend reads without
-# colour; classes whose lines often share a timestamp (an error, the watchdog timeout, the
-# collective state printed with it, the exception raised) sit on different sub-rows.
-@dataclass(frozen=True)
-class Style:
-    symbol: str
-    symbol_open: str
-    color: str
-    size: int
-    offset: float
-    meaning: str
-
-
-STYLE: dict[str, Style] = {
-    "init": Style("circle", "circle-open", "#2e7d32", 9, 0.0, "NCCL communicator initialised"),
-    "step": Style("pentagon", "pentagon-open", "#9e9e9e", 7, 0.0, "a training step or progress line (sampled)"),
-    "warning": Style("triangle-up", "triangle-up-open", "#ef8f00", 10, 0.2, "a warning line"),
-    "error": Style("x", "x-open", "#d62728", 10, 0.4, "an error line"),
-    "watchdog": Style("hourglass", "hourglass-open", "#6a1b9a", 11, -0.2,
-                      "NCCL watchdog: a collective timed out, or the watchdog's heartbeat stopped"),
-    "exception": Style("star", "star-open", "#7f0000", 12, 0.2, "a Python exception or a failed child process"),
-    "collective": Style("diamond", "diamond-open", "#1f77b4", 9, -0.4, "collective state printed (pg status, desync report)"),
-    "last": Style("triangle-right", "triangle-right-open", "#263238", 10, 0.0, "the last line the file logged"),
-    "evidence": Style("circle-cross", "circle-cross-open", "#8d6e63", 9, 0.0, "a line a finding cites, of no class above"),
-    "coll.completed": Style("square", "square-open", "#0d47a1", 9, -0.4, "the last collective the lane completed"),
-    "coll.enqueued": Style("triangle-down", "triangle-down-open", "#17a2b8", 10, 0.4,
-                           "the last collective the lane enqueued"),
-    "coll.waiting": Style("hexagon", "hexagon-open", "#e91e63", 11, 0.0,
-                          "the collective the lane waits in or timed out in"),
-}
 
 
 def _polygon(corners: int, radius: float, rotate: float = -90.0, inner: float | None = None) -> str:
@@ -172,10 +130,10 @@ def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: in
     payload = timeline_payload(timeline, analysis.events)
     steps, step_ranks = step_times(analysis.events, verdict["culprit_ranks"])
     if steps.height:
-        payload["steps"] = _columns(steps.with_columns(pl.col("culprit").cast(pl.Int8)))
+        payload["steps"] = columns(steps.with_columns(pl.col("culprit").cast(pl.Int8)))
     if len(report["inputs"]) > INPUTS_INLINE:
-        payload["inputs"] = _inputs_payload(report["inputs"])
-    data_element = _data_element(payload)
+        payload["inputs"] = inputs_payload(report["inputs"])
+    data_script = data_element(payload)
     plotly = plotly_js()
     script = _asset("assets", "report.js")
     busbw_section = _busbw_html(analysis)
@@ -212,7 +170,7 @@ def render_html(analysis, *, fold_threshold: int = FOLD_THRESHOLD, max_lanes: in
         _inputs_html(report),
         _problems_html(report),
         "</main>",
-        data_element,
+        data_script,
         *map(_inline_script, scripts),
         "</body>",
         "</html>",
@@ -540,12 +498,6 @@ def _timeline_html(timeline: Timeline, steps: pl.DataFrame, step_ranks: int) -> 
     )
 
 
-def present_classes(timeline: Timeline) -> list[str]:
-    """Marker classes drawn in this report (lanes or folded members), in legend order."""
-    drawn = set(timeline.markers.get_column("cls").unique().to_list()) | set(timeline.members.get_column("cls").unique().to_list())
-    return [c for c in CLASSES if c in drawn]
-
-
 def _legend_html(timeline: Timeline) -> str:
     """Every glyph the timeline draws, by shape and name (readable without colour), and what it means."""
     classes = present_classes(timeline)
@@ -646,140 +598,3 @@ def _problems_html(report: dict) -> str:
         return ""
     return ('<section id="problems"><h2>Analyzer problems</h2><ul>'
             + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul></section>")
-
-
-# --- payload ---------------------------------------------------------------------------------------
-
-
-def _table(frame: pl.DataFrame, column: str) -> tuple[list[str], pl.Expr]:
-    """A sorted string table for `column` and the expression giving each row's index in it."""
-    values = frame.get_column(column).drop_nulls().unique().sort()
-    return values.to_list(), pl.col(column).cast(pl.Enum(values.to_list())).to_physical().cast(pl.Int32)
-
-
-def _columns(frame: pl.DataFrame) -> dict[str, list]:
-    return {name: frame.get_column(name).to_list() for name in frame.columns}
-
-
-def timeline_payload(timeline: Timeline, events: pl.DataFrame) -> dict:
-    """The timeline frames as the page's script reads them: columns of numbers plus string tables.
-
-    Lane markers point into `events` (one row per hovered event, with its text). Folded units'
-    own markers (`members`, the data behind "expand") carry file, line, kind and text index
-    inline, and times as integer ms after `t0`: at 16k ranks they are most of the payload.
-    """
-    lanes, markers, members = timeline.lanes, timeline.markers, timeline.members
-    panels = [p for p in PANELS if markers.filter(pl.col("panel") == p).height]
-    panel_ids = {p: i for i, p in enumerate(panels)}
-    classes = present_classes(timeline)
-    class_ids = {c: i for i, c in enumerate(classes)}
-    line_text = pl.col("text").fill_null(pl.col("message")).fill_null("").str.slice(0, MAX_TEXT_CHARS)
-    hovered = (
-        markers.select("event_id").unique().join(events, on="event_id", how="left")
-        .with_columns(line_text.alias("text"))
-        .sort("event_id")
-        .with_row_index("_e")
-    )
-    member_rows = (
-        members.join(events.select("event_id", "file", "line", "kind", "text", "message"), on="event_id", how="left",
-                     maintain_order="left")
-        .with_columns(line_text.alias("text"))
-        # Members' line texts in display order while the budget lasts; the rest say where to look.
-        .with_columns(pl.when(pl.col("text").str.len_chars().cum_sum() <= MEMBER_TEXT_BUDGET).then(pl.col("text")).alias("text"))
-    )
-    both = pl.concat([hovered.select("file", "kind", "text"), member_rows.select("file", "kind", "text")])
-    files, file_idx = _table(both, "file")
-    kinds, kind_idx = _table(both, "kind")
-    texts, text_idx = _table(both, "text")
-    sources, src_idx = _table(hovered, "ts_source")
-    hosts = (
-        pl.concat([hovered.get_column("host"), timeline.units.get_column("host"), lanes.get_column("host")])
-        .drop_nulls().unique().sort().to_list()
-    )
-
-    def host_idx(column: str) -> pl.Expr:
-        return pl.col(column).cast(pl.Enum(hosts)).to_physical().cast(pl.Int32)
-
-    ops = pl.concat([markers.get_column("op"), members.get_column("op")]).drop_nulls().unique().sort().to_list()
-    all_groups = pl.concat([markers.get_column("group"), members.get_column("group")]).drop_nulls().unique().sort()
-    groups = all_groups.filter(all_groups != "").to_list()
-    common = [
-        pl.col("panel").replace_strict(panel_ids, return_dtype=pl.Int32).alias("panel"),
-        pl.col("cls").replace_strict(class_ids, return_dtype=pl.Int32).alias("cls"),
-        pl.col("evidence").alias("ev"),
-        pl.col("inferred").cast(pl.Int8).alias("inf"),
-        pl.col("op").cast(pl.Enum(ops)).to_physical().cast(pl.Int32).alias("op"),
-        pl.when(pl.col("group") != "").then(pl.col("group")).cast(pl.Enum(groups)).to_physical().cast(pl.Int32).alias("group"),
-    ]
-    single = pl.col("count") == 1
-    marker_cols = markers.join(hovered.select("event_id", "_e"), on="event_id", how="left", maintain_order="left").select(
-        "lane", "x",
-        pl.when(single).then(None).otherwise(pl.col("lo")).alias("lo"),
-        pl.when(single).then(None).otherwise(pl.col("hi")).alias("hi"),
-        "count", pl.col("_e").alias("e"), *common,
-    )
-    t0 = pl.concat([markers.filter(pl.col("panel") == "time").get_column("lo"),
-                    members.filter(pl.col("panel") == "time").get_column("x")]).min()
-    t0 = float(t0) if t0 is not None else 0.0
-    unit_index = members.select("unit", "unit_order", "lane").unique().sort("unit_order").with_row_index("_u")
-    units = unit_index.join(timeline.units.select("unit", "unit_label", "host"), on="unit", how="left").sort("_u")
-    member_cols = member_rows.join(unit_index.select("unit", "_u"), on="unit", how="left", maintain_order="left").select(
-        pl.col("_u").alias("unit"),
-        pl.when(pl.col("panel") == "time").then((pl.col("x") - t0).round(0)).otherwise(pl.col("x")).cast(pl.Int64).alias("x"),
-        file_idx.alias("file"), "line", kind_idx.alias("kind"), text_idx.alias("text"), *common,
-    )
-    event_cols = hovered.select(
-        file_idx.alias("file"), "line", "rank", host_idx("host").alias("host"), kind_idx.alias("kind"),
-        (pl.col("ts").dt.epoch("us") / 1000.0).alias("ts"), src_idx.alias("src"), text_idx.alias("text"),
-    )
-    lane_cols = lanes.select(
-        "label", "state", host_idx("host").alias("host"), pl.col("hosts").list.len().alias("hosts"),
-        "units", "unit_type", "culprit", "folded",
-    )
-    return {
-        "panels": [{"id": p, "title": PANEL_TITLES[p], "axis": "x" if i == 0 else f"x{i + 1}"} for i, p in enumerate(panels)],
-        "classes": [
-            {"id": c, "name": CLASSES[c], "symbol": STYLE[c].symbol, "symbol_open": STYLE[c].symbol_open,
-             "color": STYLE[c].color, "size": STYLE[c].size, "dy": STYLE[c].offset}
-            for c in classes
-        ],
-        "lanes": _columns(lane_cols),
-        "markers": _columns(marker_cols),
-        "events": _columns(event_cols),
-        "t0": t0,
-        "members": _columns(member_cols),
-        "units": _columns(units.select(pl.col("unit_label").alias("label"), host_idx("host").alias("host"), "lane")),
-        "files": files,
-        "hosts": hosts,
-        "kinds": kinds,
-        "sources": sources,
-        "inferred": ["inferred" in source for source in sources],  # as timeline.classify decides
-        "texts": texts,
-        "ops": ops,
-        "groups": groups,
-        "stats": timeline.stats,
-    }
-
-
-def _inputs_payload(inputs: list[dict]) -> dict:
-    return {
-        "file": [i["file"] for i in inputs],
-        "format": [i["format"] for i in inputs],
-        "ranks": [format_ranks(i["ranks"]) for i in inputs],
-        "lines": [i["lines"] for i in inputs],
-        "unparsed": [i["unparsed_lines"] for i in inputs],
-        "status": [i["status"] for i in inputs],
-        "reason": [i["reason"] for i in inputs],
-    }
-
-
-def _data_element(payload: dict) -> str:
-    raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    if len(raw) > COMPRESS_ABOVE:
-        packed = base64.b64encode(gzip.compress(raw.encode("utf-8"), compresslevel=6, mtime=0)).decode("ascii")
-        return f'<script type="application/octet-stream" id="pm-data" data-encoding="gzip-base64">{packed}</script>'
-    # Inside a script element only "</script" and "<!--" are dangerous; escaping every <, > and &
-    # as JSON unicode escapes removes both and keeps the JSON identical once parsed.
-    safe = raw.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    safe = safe.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-    return f'<script type="application/json" id="pm-data">{safe}</script>'
