@@ -66,3 +66,15 @@ def test_a_host_word_without_a_name_names_no_host(tmp_path):
         "RuntimeError: Using hostfile at /etc/hostfile but the host was not reachable via ssh.\nnext line\n"
     )
     assert analyze(tmp_path).report["verdict"]["culprit_hosts"] == []
+
+
+def test_a_record_header_word_is_no_host_label(tmp_path):
+    """apt's history.log `Start-Date:` / `End-Date:` carry a hyphen like `worker-1: ` labels, but name no host."""
+    (tmp_path / "apt-history.log").write_text(
+        "Start-Date: 2021-04-24  06:50:30\nCommandline: /usr/bin/unattended-upgrade\n"
+        "Upgrade: libnvidia-compute-460:amd64 (460.56-0ubuntu1, 460.73.01-0ubuntu1)\nEnd-Date: 2021-04-24  06:50:54\n"
+    )
+    (tmp_path / "nvidia-smi.txt").write_text("Failed to initialize NVML: Driver/library version mismatch\n")
+    report = analyze(tmp_path).report
+    assert report["verdict"]["category"] == "nccl_version_mismatch"
+    assert "End-Date" not in report["verdict"]["culprit_hosts"] and "Start-Date" not in report["verdict"]["culprit_hosts"]

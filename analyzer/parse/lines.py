@@ -38,6 +38,9 @@ _PREFIX = (
 # carry a digit or a hyphen, and the file-level share of such lines decides whether to trust it.
 _HOST_LABEL = r"^(?P<label_host>[A-Za-z0-9][\w.\-]*[\d\-][\w.\-]*):\s"
 _HOST_LABEL_MIN_SHARE = 0.3
+# Header words of RFC 822-style records (apt's history.log `Start-Date:` / `End-Date:`, `Content-Type:`) carry a
+# hyphen too but are no host names.
+_HEADER_WORD = r"^(?:[A-Z][a-z]+-)+[A-Z][a-z]+$"
 
 
 def lines_frame_many(chunks: list[tuple[str, str, int]]) -> pl.DataFrame:
@@ -124,6 +127,7 @@ def peel_prefixes(lines: pl.DataFrame, host_labels: bool = True) -> pl.DataFrame
 def _peel_host_labels(frame: pl.DataFrame) -> pl.DataFrame:
     """Trust `host: ` labels per file: a batch mixes files with and without a launcher's labels."""
     candidate = pl.col("body").str.extract(_HOST_LABEL, 1)
+    candidate = pl.when(candidate.str.contains(_HEADER_WORD)).then(None).otherwise(candidate)
     frame = frame.with_columns(candidate.alias("label_host"))
     non_empty = (pl.col("body").str.len_chars() > 0).sum().over("file")
     labelled = pl.col("label_host").is_not_null().sum().over("file")
