@@ -53,6 +53,9 @@ def _prepare_output(path: Path, what: str) -> None:
 @click.option("--workers", "-j", type=click.IntRange(min=1), help="Local worker processes [default: the usable cores].")
 @click.option("--job-timeout", type=click.FloatRange(min=0), default=300, show_default=True,
               help="Seconds one job may take; past it the job is a timed_out row and its worker is replaced (0: no limit).")
+@click.option("--job-memory", type=click.IntRange(min=0), default=8192, show_default=True, metavar="MB",
+              help="Megabytes of new address space one job may take (local engine); past it the job is an "
+                   "over_memory row and its worker is replaced (0: no limit).")
 @click.option("--ray-address", help="Ray cluster address [default: RAY_ADDRESS, else a running local Ray].")
 @click.option("--cache", "cache_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Store of finished rows (SQLite) [default: OUT's name with .scan.db].")
@@ -62,7 +65,7 @@ def _prepare_output(path: Path, what: str) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def scan_command(roots: tuple[Path, ...], out: Path, jsonl: Path | None, html_out: Path | None, events: bool,
                  pattern: str | None, manifest: Path | None, engine: str, workers: int | None, job_timeout: float,
-                 ray_address: str | None, cache_path: Path | None, no_cache: bool, content_hash: bool, top: int,
+                 job_memory: int, ray_address: str | None, cache_path: Path | None, no_cache: bool, content_hash: bool, top: int,
                  quiet: bool) -> None:
     """Analyse every job under the ROOT directories; write one row per job to --out (Parquet).
 
@@ -100,7 +103,8 @@ def scan_command(roots: tuple[Path, ...], out: Path, jsonl: Path | None, html_ou
         events_dir, scratch = _events_dir(events, store)
         try:
             result = scan(search.paths(), engine=engine, workers=workers, store_path=store, content_hash=content_hash,
-                          ray_address=ray_address, job_timeout=job_timeout or None, events_dir=events_dir,
+                          ray_address=ray_address, job_timeout=job_timeout or None, job_memory_mb=job_memory or None,
+                          events_dir=events_dir,
                           progress=None if quiet else _progress_bar(stderr))
             written = write_outputs(result, out, jsonl=jsonl, events=events)
         finally:

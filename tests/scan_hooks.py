@@ -17,12 +17,26 @@ from analyzer.fleet.rows import JobSpec, analyse_job
 from analyzer.fleet.store import current_versions
 
 SLOW_NAME = "slow"  # a job directory of this name sleeps far past any test's --job-timeout
+HUNGRY_NAME = "hungry"  # a job directory of this name asks for far more memory than any test's --job-memory
+NATIVE_HUNGRY_NAME = "hungry-native"  # the same, in polars (Rust aborts on the failed allocation)
+HUNGRY_BYTES = 64 << 30
 PACE_S = 1.0  # the paced task's delay per job, so a test can kill a scan half-way
 
 
 def sleeping_task(spec: JobSpec) -> dict:
     if Path(spec.job).name == SLOW_NAME:
         time.sleep(600)
+    return analyse_job(spec)
+
+
+def hungry_task(spec: JobSpec) -> dict:
+    name = Path(spec.job).name
+    if name == HUNGRY_NAME:
+        bytearray(HUNGRY_BYTES)
+    elif name == NATIVE_HUNGRY_NAME:
+        import polars as pl
+
+        pl.select(pl.repeat(1, n=HUNGRY_BYTES // 8, dtype=pl.Int64).alias("x")).sum()
     return analyse_job(spec)
 
 

@@ -63,7 +63,7 @@ def test_gpus_signatures_categories_and_problems():
     assert signatures == [("rule-a", 4, 4), ("rule-c", 4, 4), ("rule-b", 3, 3)]
     assert view.signatures.filter(pl.col("rule_id") == "rule-c").item(0, "hosts").to_list() == sorted(["meh", HOSTILE])
     assert view.totals == {"jobs": 19, "analysed": 16, "failed": 11, "no_failure": 5, "cannot_analyse": 1,
-                           "timed_out": 1, "crashed": 1}
+                           "timed_out": 1, "over_memory": 0, "crashed": 1}
     assert dict(view.categories.rows())["none"] == 5
     assert view.problems.get_column("status").to_list() == [STATUS_CANNOT_ANALYSE, STATUS_CRASHED, STATUS_TIMED_OUT]
 
@@ -201,3 +201,24 @@ def test_piped_summary_is_not_wrapped(tmp_path: Path):
     rows = [*(_long_ids_table().to_dicts()), {"job": "/n/" + "d" * 150, "status": STATUS_CANNOT_ANALYSE, "error": long_error}]
     result = _fleet(tmp_path, rows)  # CliRunner's output is not a terminal, like a pipe
     assert f"cannot_analyse /n/{'d' * 150}: {long_error}" in result.output.splitlines()
+
+
+LONG_JOB = "/lustre/scratch/" + "/".join(f"team-{i:02d}-pretraining-run-with-a-long-descriptive-name" for i in range(6)) + \
+    "/slurm-1234567-" + "x" * 120
+
+
+def long_path_table() -> pl.DataFrame:
+    return rows_frame([
+        failed(LONG_JOB, "nccl_timeout", 0.8, hosts=["node-a"]),
+        {"job": LONG_JOB + "-retry", "status": STATUS_TIMED_OUT, "error": "the analysis did not finish"},
+    ])
+
+
+def test_long_job_paths_wrap_inside_their_cells():
+    page = render_fleet_html(fleet_view(long_path_table()))
+    # Break opportunities after every separator, and anywhere inside a run with none (the x's).
+    assert "/<wbr>team-00-pretraining-run-with-a-long-descriptive-name/<wbr>team-01" in page
+    assert LONG_JOB in page.replace("/<wbr>", "/")  # nothing else inserted
+    style = page.split("<style>", 1)[1].split("</style>", 1)[0]
+    assert "td{overflow-wrap:anywhere}" in style and ".path{overflow-wrap:anywhere" in style
+    assert "white-space:nowrap" not in style

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from analyzer.api import analyze
 from analyzer.cli import main
 from analyzer.fleet.jobs import RULE_LOGS, find_jobs
-from analyzer.fleet.rows import STATUS_ANALYSED, STATUS_TIMED_OUT
+from analyzer.fleet.rows import STATUS_ANALYSED, STATUS_OVER_MEMORY, STATUS_TIMED_OUT
 from analyzer.fleet.scan import scan
 from tests import scan_hooks
 from tests.scan_hooks import code_unchanged, versions_at_start  # noqa: F401 - a fixture
@@ -83,6 +83,29 @@ def test_a_job_past_the_time_limit_is_a_timed_out_row_and_the_others_finish(tmp_
     assert rows["slow"]["error"].startswith("the analysis did not finish within the 30 s job time limit")
     assert rows["slow"]["category"] is None
     assert [rows[n]["status"] for n in "abc"] == [STATUS_ANALYSED] * 3
+
+
+def test_a_job_past_the_memory_budget_is_an_over_memory_row_and_the_others_finish(tmp_path):
+    names = ("a", scan_hooks.HUNGRY_NAME, "b", scan_hooks.NATIVE_HUNGRY_NAME, "c")
+    jobs = [make_job(tmp_path / name) for name in names]
+    store = tmp_path / "s.db"
+    result = scan([str(j) for j in jobs], workers=2, job_memory_mb=2048, store_path=store, task=scan_hooks.hungry_task)
+    rows = {Path(r["job"]).name: r for r in result.frame.iter_rows(named=True)}
+    for name in (scan_hooks.HUNGRY_NAME, scan_hooks.NATIVE_HUNGRY_NAME):
+        assert rows[name]["status"] == STATUS_OVER_MEMORY and rows[name]["category"] is None
+        assert "than the 2048 MB job memory budget (--job-memory); its worker was replaced" in rows[name]["error"]
+    assert "aborted (SIGABRT)" in rows[scan_hooks.NATIVE_HUNGRY_NAME]["error"]
+    assert [rows[n]["status"] for n in "abc"] == [STATUS_ANALYSED] * 3
+    assert set(rows[n]["category"] for n in "abc") == {"rank_absent_from_collective"}
+    with sqlite3.connect(store, timeout=5) as db:  # not kept: the next scan tries again
+        assert {j for (j,) in db.execute("SELECT job FROM results")} == {str(tmp_path / n) for n in "abc"}
+
+
+def test_job_memory_on_the_command_line(tmp_path):
+    night_with_readme(tmp_path / "night", 2)
+    result = run("scan", tmp_path / "night", "--out", tmp_path / "s.parquet", "--no-cache", "-j", 1, "--job-memory", 1)
+    assert "2 jobs: 0 failed, 0 no failure found, 0 could not be analysed, 0 timed out, 2 over the memory budget" in result.output
+    assert pl.read_parquet(tmp_path / "s.parquet").get_column("status").to_list() == [STATUS_OVER_MEMORY] * 2
 
 
 def test_job_timeout_on_the_command_line(tmp_path):

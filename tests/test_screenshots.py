@@ -137,3 +137,24 @@ def test_fleet_page_screenshot(browser, shots, tmp_path):
     assert [e for e in browser.driver.get_log("browser") if e.get("level") == "SEVERE"] == []
     shot = browser.screenshot(shots / "fleet-night.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fleet_page_with_long_job_paths_has_no_horizontal_overflow(browser, shots, tmp_path):
+    from analyzer.fleet.view import fleet_view
+    from analyzer.render.fleet_html import render_fleet_html
+    from tests.test_fleet import LONG_JOB, long_path_table
+
+    page = tmp_path / "long-paths.html"
+    page.write_text(render_fleet_html(fleet_view(long_path_table())), encoding="utf-8")
+    browser.driver.get(page.resolve().as_uri())
+    deadline = time.monotonic() + 30
+    while browser.js("return document.readyState") != "complete" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    widths = browser.js("return {page: document.documentElement.scrollWidth, view: document.documentElement.clientWidth,"
+                        " tables: Array.from(document.querySelectorAll('table')).map(function (t) {"
+                        "   return t.scrollWidth - t.parentElement.clientWidth; })};")
+    assert widths["page"] <= widths["view"], widths
+    assert max(widths["tables"]) <= 0, widths
+    assert LONG_JOB[-40:] in browser.js("return document.body.innerText").replace("\n", "")
+    shot = browser.screenshot(shots / "fleet-long-paths.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

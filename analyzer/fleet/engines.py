@@ -4,12 +4,18 @@
   threads), each running one job at a time and talking to the scan over its own pipe. A job past
   `job_timeout` seconds has its worker killed (SIGKILL) and replaced, and is a `timed_out` row; a
   worker that dies is a `crashed` row for exactly the job it held; either way the other jobs go on.
+  Each job runs under `job_memory` bytes of new address space (the parse stage's RLIMIT_AS budget,
+  `analyzer.parse.budget.address_space`): a job that needs more is an `over_memory` row and its
+  worker is replaced (a MemoryError in Python; a native library that aborts on the failed
+  allocation, SIGABRT, costs the worker the same way).
   A worker reports ready once it has imported the analyzer, so start-up never counts against a
   job's limit. Workers ask the kernel to kill them when the scan dies (Linux `PR_SET_PDEATHSIG`),
   so a scan killed by SIGKILL or a scheduler leaves no orphan analysing on.
 - **ray**: the same task as Ray tasks on an existing cluster (`RAY_ADDRESS` or `address`); at most
   one task per CPU in flight, so a task starts when it is submitted and its limit counts from
-  there; a task past it is cancelled with `force=True` (Ray kills its worker process).
+  there; a task past it is cancelled with `force=True` (Ray kills its worker process). Memory is
+  Ray's to police (its memory monitor kills a task's worker: a `crashed` row); no address-space
+  limit is set inside Ray's long-lived worker processes.
 
 `on_result` is called in this process, one finished job at a time, as soon as each finishes.
 """
@@ -26,7 +32,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.fleet import ScanError
-from analyzer.fleet.rows import STATUS_CRASHED, STATUS_TIMED_OUT, WORKER_DIED, JobSpec, describe_exception, error_result
+from analyzer.fleet.rows import (
+    STATUS_CRASHED,
+    STATUS_OVER_MEMORY,
+    STATUS_TIMED_OUT,
+    WORKER_DIED,
+    JobSpec,
+    describe_exception,
+    error_result,
+)
 
 Task = Callable[[JobSpec], dict]
 OnResult = Callable[[JobSpec, dict], None]
@@ -43,6 +57,11 @@ def default_workers() -> int:
 def timeout_message(seconds: float) -> str:
     return (f"the analysis did not finish within the {seconds:g} s job time limit (--job-timeout); its worker "
             "was killed and the other jobs went on")
+
+
+def memory_message(limit: int, how: str = "needed more memory") -> str:
+    return (f"the analysis {how} than the {limit >> 20} MB job memory budget (--job-memory); its worker was "
+            "replaced and the other jobs went on")
 
 
 def _task_name(task: Task) -> str:
@@ -62,8 +81,9 @@ def _resolve(name: str) -> Task:
 # ---------------------------------------------------------------------------------------------
 
 
-def worker_main(conn: Any, task_name: str) -> None:
-    """A worker process: import, say ready, then analyse each job the scan sends until the pipe closes."""
+def worker_main(conn: Any, task_name: str, job_memory: int | None = None) -> None:
+    """A worker process: import, say ready, then analyse each job the scan sends until the pipe closes,
+    each under `job_memory` more bytes of address space (None: no budget)."""
     _die_with_parent()
     try:
         task = _resolve(task_name)
@@ -78,13 +98,26 @@ def worker_main(conn: Any, task_name: str) -> None:
         except (EOFError, OSError):
             return  # the scan closed the pipe (finished) or died
         try:
-            result = task(spec)
+            result = _run_within_memory(task, spec, job_memory)
         except Exception as exc:  # noqa: BLE001 - a task that raises is its job's crashed row
             result = error_result(spec.job, STATUS_CRASHED, describe_exception(exc))
         try:
             conn.send(result)
         except Exception as exc:  # noqa: BLE001 - e.g. a result that cannot be pickled
             conn.send(error_result(spec.job, STATUS_CRASHED, describe_exception(exc)))
+
+
+def _run_within_memory(task: Task, spec: JobSpec, job_memory: int | None) -> dict:
+    """`task(spec)` under the job's memory budget; past it, the job's over_memory row."""
+    if job_memory is None:
+        return task(spec)
+    from analyzer.parse.budget import BudgetExceeded, address_space
+
+    try:
+        with address_space(job_memory):
+            return task(spec)
+    except (BudgetExceeded, MemoryError):
+        return error_result(spec.job, STATUS_OVER_MEMORY, memory_message(job_memory))
 
 
 def _die_with_parent() -> None:
@@ -117,7 +150,7 @@ class _Worker:
 class LocalPool:
     """Worker processes the scan starts, feeds, kills and replaces itself (see the module docstring)."""
 
-    def __init__(self, task: Task, workers: int, job_timeout: float | None):
+    def __init__(self, task: Task, workers: int, job_timeout: float | None, job_memory: int | None = None):
         import multiprocessing
 
         self._context = multiprocessing.get_context("spawn")
@@ -125,11 +158,12 @@ class LocalPool:
         self._threads = max(1, default_workers() // workers)
         self._size = workers
         self._timeout = job_timeout
+        self._memory = job_memory
         self._workers: list[_Worker] = []
 
     def _start(self) -> _Worker:
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=worker_main, args=(child, self._task_name), daemon=True)
+        process = self._context.Process(target=worker_main, args=(child, self._task_name, self._memory), daemon=True)
         # Several workers on few cores: each polars gets its share of threads. A spawned process takes
         # the environment at start, before anything in it can import polars.
         inherited = os.environ.get("POLARS_MAX_THREADS")
@@ -196,8 +230,15 @@ class LocalPool:
             worker.process.join(5)
             raise ScanError(f"a worker process exited while starting (exit code {worker.process.exitcode})")
         if worker.spec is not None:
-            on_result(worker.spec, error_result(worker.spec.job, STATUS_CRASHED, WORKER_DIED))
+            on_result(worker.spec, self._death_result(worker))
         self._replace(worker)
+
+    def _death_result(self, worker: _Worker) -> dict:
+        """A native library aborts on an allocation the budget refused: under a budget, SIGABRT is the budget."""
+        worker.process.join(5)  # its pipe may close before it is reaped
+        if self._memory is not None and worker.process.exitcode == -signal.SIGABRT:
+            return error_result(worker.spec.job, STATUS_OVER_MEMORY, memory_message(self._memory, "aborted (SIGABRT) needing more memory"))
+        return error_result(worker.spec.job, STATUS_CRASHED, WORKER_DIED)
 
     def _receive(self, worker: _Worker, message: Any, on_result: OnResult) -> None:
         if isinstance(message, tuple) and message[0] == "broken":
@@ -207,10 +248,13 @@ class LocalPool:
             return
         spec, worker.spec, worker.deadline = worker.spec, None, float("inf")
         on_result(spec, message)
+        if message["row"]["status"] == STATUS_OVER_MEMORY:  # its heap is what the budget refused: start afresh
+            self._replace(worker)
 
 
-def run_local(specs: Sequence[JobSpec], task: Task, workers: int, job_timeout: float | None, on_result: OnResult) -> None:
-    LocalPool(task, workers, job_timeout).run(specs, on_result)
+def run_local(specs: Sequence[JobSpec], task: Task, workers: int, job_timeout: float | None, on_result: OnResult,
+              job_memory: int | None = None) -> None:
+    LocalPool(task, workers, job_timeout, job_memory).run(specs, on_result)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from analyzer.fleet.engines import Task, default_workers, run_local, run_ray
 from analyzer.fleet.rows import (
     STATUS_ANALYSED,
     STATUS_CRASHED,
+    STATUS_OVER_MEMORY,
     STATUS_TIMED_OUT,
     JobSpec,
     analyse_job,
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     import polars as pl
 
 DEFAULT_JOB_TIMEOUT_S = 300.0
+# New address space one job may take in a local worker: several times what the largest recorded
+# jobs need (polars reserves more address space than it touches), far below a node's memory.
+DEFAULT_JOB_MEMORY_MB = 8192
 Progress = Callable[[int, int], None]  # (jobs done, jobs in all)
 
 
@@ -58,11 +62,13 @@ def scan(
     content_hash: bool = False,
     ray_address: str | None = None,
     job_timeout: float | None = DEFAULT_JOB_TIMEOUT_S,
+    job_memory_mb: int | None = DEFAULT_JOB_MEMORY_MB,
     events_dir: Path | None = None,
     task: Task = analyse_job,
     progress: Progress | None = None,
 ) -> ScanResult:
-    """Analyse `jobs` (absolute paths) with `engine`, reusing stored rows and storing each new one."""
+    """Analyse `jobs` (absolute paths) with `engine`, reusing stored rows and storing each new one.
+    `job_memory_mb` (local engine; None: no budget) is the new address space a job may take."""
     if engine not in ("local", "ray"):
         raise ScanError(f"unknown engine {engine!r}: use local or ray")
     started = time.perf_counter()
@@ -92,7 +98,7 @@ def scan(
             status = row["status"]
             result["events_file"] = spec.events_file if status == STATUS_ANALYSED else None
             results.append(result)
-            if status != STATUS_CRASHED:  # a crash is retried by the next scan
+            if status not in (STATUS_CRASHED, STATUS_OVER_MEMORY):  # retried by the next scan (perhaps with more memory)
                 # Keyed by the versions of the analyzer that made the row (a worker's, on Ray another node's).
                 made_by = {name: row.get(name) or "" for name in versions}
                 store.put(row["job"], cache_key(row["job"], row["fingerprint"], made_by), result,
@@ -102,7 +108,8 @@ def scan(
                 progress(len(results), len(jobs))
 
         if todo and engine == "local":
-            run_local(todo, task, workers or default_workers(), job_timeout, on_result)
+            run_local(todo, task, workers or default_workers(), job_timeout, on_result,
+                      job_memory=job_memory_mb << 20 if job_memory_mb else None)
         elif todo:
             run_ray(todo, task, ray_address, job_timeout, on_result)
     finally:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from analyzer.exits import EXIT_CANNOT_ANALYSE, EXIT_FAILURE_FOUND, EXIT_INTERNAL_ERROR, EXIT_NOTHING_FOUND
-from analyzer.fleet.rows import STATUS_ANALYSED, STATUS_CANNOT_ANALYSE, STATUS_CRASHED, STATUS_TIMED_OUT
+from analyzer.fleet.rows import STATUS_ANALYSED, STATUS_CANNOT_ANALYSE, STATUS_CRASHED, STATUS_OVER_MEMORY, STATUS_TIMED_OUT
 
 FAILED = (pl.col("status") == STATUS_ANALYSED) & (pl.col("category") != "none")
 EXAMPLE_JOBS = 5
@@ -66,6 +66,7 @@ def totals(scan: pl.DataFrame) -> dict[str, int]:
         ((pl.col("status") == STATUS_ANALYSED) & (pl.col("category") == "none")).sum().alias("no_failure"),
         (pl.col("status") == STATUS_CANNOT_ANALYSE).sum().alias("cannot_analyse"),
         (pl.col("status") == STATUS_TIMED_OUT).sum().alias("timed_out"),
+        (pl.col("status") == STATUS_OVER_MEMORY).sum().alias("over_memory"),
         (pl.col("status") == STATUS_CRASHED).sum().alias("crashed"),
     )
     return {name: int(value or 0) for name, value in counts.row(0, named=True).items()}

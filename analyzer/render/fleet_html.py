@@ -2,7 +2,9 @@
 
 No script and nothing loaded from the network (incident machines are often offline); the style
 is inline. Every string that came from a log or a path (host names, job paths, summaries, errors)
-goes through `html.escape`; numbers are formatted, never interpolated raw.
+goes through `html.escape`; numbers are formatted, never interpolated raw. A long job path wraps
+inside its cell, after a `/` where it can (`<wbr>`) and anywhere else where it must, so a table
+never grows wider than the page.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ table{border-collapse:collapse;width:100%;margin:6px 0}th,td{border:1px solid #d
 th{background:#f6f8fa}td.n{text-align:right;font-variant-numeric:tabular-nums}code,.path{font-family:ui-monospace,monospace;font-size:12.5px}
 .muted{color:#57606a}.bar{display:inline-block;height:9px;background:#cf222e;margin-right:6px;vertical-align:middle}
 .totals span{display:inline-block;margin-right:18px}.bad{color:#cf222e;font-weight:600}
+td{overflow-wrap:anywhere}.path{overflow-wrap:anywhere;word-break:break-word}
 """
 
 Cell = Callable[[dict], str]
@@ -43,7 +46,7 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
             f"<span>{escape(label)}: <b>{t[key]}</b></span>"
             for key, label in (("jobs", "jobs"), ("failed", "failed"), ("no_failure", "no failure found"),
                                ("cannot_analyse", "could not be analysed"), ("timed_out", "timed out"),
-                               ("crashed", "crashed the analyzer"))
+                               ("over_memory", "over the memory budget"), ("crashed", "crashed the analyzer"))
         )
         + "</p>",
         "<h2>Repeat-offender hosts</h2>",
@@ -105,7 +108,7 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
             view.failed,
             ("job", "category", "culprit ranks", "culprit hosts", "confidence", "summary"),
             (
-                lambda r: f'<span class="path">{escape(r["job"])}</span>',
+                lambda r: _path(r["job"]),
                 lambda r: escape(r["category"]),
                 lambda r: escape(_ranks(r["culprit_ranks"])),
                 lambda r: escape(", ".join(r["culprit_hosts"] or [])),
@@ -120,7 +123,7 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
             view.problems,
             ("job", "status", "error"),
             (
-                lambda r: f'<span class="path">{escape(r["job"])}</span>',
+                lambda r: _path(r["job"]),
                 lambda r: f'<span class="bad">{escape(r["status"])}</span>',
                 lambda r: escape(r["error"] or ""),
             ),
@@ -143,8 +146,13 @@ def _table(frame: pl.DataFrame, headers: Sequence[str], cells: Sequence[Cell], *
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def _path(path: str) -> str:
+    """A path that wraps at its separators first (a break opportunity after every `/`)."""
+    return f'<span class="path">{escape(path).replace("/", "/<wbr>")}</span>'
+
+
 def _paths(paths: Sequence[str] | None) -> str:
-    return "<br>".join(f'<span class="path">{escape(p)}</span>' for p in paths or [])
+    return "<br>".join(_path(p) for p in paths or [])
 
 
 def _ranks(ranks: Sequence[int] | None) -> str:

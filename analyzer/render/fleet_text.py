@@ -72,7 +72,8 @@ def print_fleet_summary(view: FleetView, console: Console, top: int = 10) -> Non
     console.print(
         f"[bold]{t['jobs']} jobs[/bold]: {t['failed']} failed, {t['no_failure']} no failure found, "
         f"{t['cannot_analyse']} could not be analysed, {t['timed_out']} timed out, "
-        f"{t['crashed']} crashed the analyzer", soft_wrap=True
+        + (f"{t['over_memory']} over the memory budget, " if t["over_memory"] else "")
+        + f"{t['crashed']} crashed the analyzer", soft_wrap=True
     )
     hosts = _table("Repeat-offender hosts (cordon candidates)", ("host", "failed", "seen in", "conf. sum", "categories"))
     for row in view.hosts.head(top).iter_rows(named=True):
