@@ -78,3 +78,20 @@ def test_a_record_header_word_is_no_host_label(tmp_path):
     report = analyze(tmp_path).report
     assert report["verdict"]["category"] == "nccl_version_mismatch"
     assert "End-Date" not in report["verdict"]["culprit_hosts"] and "Start-Date" not in report["verdict"]["culprit_hosts"]
+
+
+def test_a_shell_prompt_names_the_host_of_the_output_after_it(tmp_path):
+    """`user@host:~$ nvidia-smi` then nvidia-smi's failure: that host is the culprit; lines before the prompt name none."""
+    (tmp_path / "session.txt").write_text(
+        "Failed to initialize NVML: Driver/library version mismatch\n"
+        "ops@gpu-node-7:~$ nvidia-smi\n"
+        "Failed to initialize NVML: Driver/library version mismatch\n"
+    )
+    report = analyze(tmp_path).report
+    assert report["verdict"]["category"] == "nccl_version_mismatch"
+    assert report["verdict"]["culprit_hosts"] == ["gpu-node-7"]
+
+
+def test_an_address_in_a_message_is_no_prompt(tmp_path):
+    (tmp_path / "log.txt").write_text("notify ops@gpu-node-7.example.com: Failed to initialize NVML: Driver/library version mismatch\n")
+    assert analyze(tmp_path).report["verdict"]["culprit_hosts"] == []

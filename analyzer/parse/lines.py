@@ -41,6 +41,9 @@ _HOST_LABEL_MIN_SHARE = 0.3
 # Header words of RFC 822-style records (apt's history.log `Start-Date:` / `End-Date:`, `Content-Type:`) carry a
 # hyphen too but are no host names.
 _HEADER_WORD = r"^(?:[A-Z][a-z]+-)+[A-Z][a-z]+$"
+# A shell prompt (`user@host:~$ nvidia-smi`, `[root@host dir]# cmd`, zsh's `user@host ~ % cmd`) names the
+# machine whose output follows it in the same file: the host of the lines after it that name none.
+_PROMPT_HOST = r"^\[?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*)(?::[^\s$#%]*|\s+[^\s$#%\]]+)?\]?\s?[$#%](?:\s|$)"
 
 
 def lines_frame_many(chunks: list[tuple[str, str, int]]) -> pl.DataFrame:
@@ -116,7 +119,10 @@ def peel_prefixes(lines: pl.DataFrame, host_labels: bool = True) -> pl.DataFrame
             int_col("label_rank"),
         ).alias("pfx_rank"),
         pl.coalesce(pl.when(~tee_is_rank).then(int_col("tee_num")), int_col("acc_local")).alias("pfx_local_rank"),
-        pl.coalesce(pl.col("acc_host"), pl.col("label_host"), pl.col("syslog_host")).alias("pfx_host"),
+        pl.coalesce(
+            pl.col("acc_host"), pl.col("label_host"), pl.col("syslog_host"),
+            pl.col("body").str.extract(_PROMPT_HOST, 1).forward_fill().over("file"),
+        ).alias("pfx_host"),
         int_col("ray_pid").alias("pfx_pid"),
     ).drop(
         "_clean", "ray_pid", "mpi_rank", "bracket_rank", "label_rank", "acc_host", "acc_local",
