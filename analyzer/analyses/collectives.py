@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 import polars as pl
 
-from analyzer.analyses.progress import SIZED_FAMILIES, collective_observations, collective_progress
+from analyzer.analyses.mismatch import SIZED_FAMILIES
+from analyzer.analyses.progress import collective_observations, collective_progress
 
 # A divergence is named by what differs: the call itself, or a rank that never made it.
 MISMATCH = "mismatch"
