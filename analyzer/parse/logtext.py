@@ -173,21 +173,33 @@ def _kept_lines(chosen: pl.DataFrame, year_hint: int) -> tuple[pl.DataFrame, pl.
     """The classified lines that have a kind, and their vocabulary hits, alike lines aggregated; and
     (file, line, kind) of every one of them before aggregation, for the line counts.
 
-    Which rows survive is decided on narrow keys (`collapse_repeats`): the batch-wide frame of
-    classified lines is never copied, only the survivors are gathered from it.
+    What `_classify` adds depends on a line's body alone, so each distinct body is classified once
+    (a line repeated verbatim costs one hash, not a hundred regexes). Which rows survive is decided
+    on narrow keys (`collapse_repeats`); only the survivors are gathered into wide rows.
     """
-    classified = _classify(chosen)
-    keys = classified.select(
-        pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), "file", "line", "part", "kind",
-        _vocabulary_kind().alias("_vocab"), *_repeat_keys(year_hint),
+    classified = _classify(chosen.select("body").unique()).with_columns(_same_message().alias("_same"))
+    classified = classified.with_row_index("_class")
+    narrow = ["_class", "kind", "vocab_category", "_same", "nccl_host", "nccl_pid", "nccl_tid", *_TIME_COLUMNS]
+    lines = chosen.select("_at", "file", "line", "part", "body", "pfx_host", "pfx_pid", "pfx_rank", "collector_ts").join(
+        classified.select("body", *narrow), on="body", how="left", maintain_order="left"
+    )
+    keys = lines.select(
+        pl.col("_at").alias("_row"), "_class", "file", "line", "part", "kind", _vocabulary_kind().alias("_vocab"), *_repeat_keys(year_hint)
     )
     keys = pl.concat(
         [keys.filter(pl.col("kind").is_not_null()), keys.filter(pl.col("_vocab").is_not_null()).with_columns(pl.col("_vocab").alias("kind"))],
         how="vertical",
     ).drop("_vocab")
     survivors = collapse_repeats(keys)
-    kept = classified[survivors.get_column("_row")].with_columns(survivors.get_column("kind"))
-    return pl.concat([kept, survivors.drop("_row", "kind")], how="horizontal"), keys.select("file", "line", "kind")
+    kept = pl.concat(
+        [
+            chosen[survivors.get_column("_row")],
+            classified.drop("body", "_class", "_same")[survivors.get_column("_class")].with_columns(survivors.get_column("kind")),
+            survivors.drop("_row", "_class", "kind"),
+        ],
+        how="horizontal",
+    )
+    return kept, keys.select("file", "line", "kind")
 
 
 def _sampled_steps(steps: pl.DataFrame) -> pl.DataFrame:
@@ -302,28 +314,35 @@ def _writer() -> list[pl.Expr]:
     ]
 
 
-def _repeat_keys(year_hint: int) -> list[pl.Expr]:
-    """Narrow keys of a classified line for `collapse_repeats`: 64-bit hashes of its writer (file,
-    host, pid, tid, rank) and of its message without the kind's collapse part, whether it opens a
-    communicator, how many of a run stay events of their own, and its time."""
+def _same_message() -> pl.Expr:
+    """A 64-bit hash of the message without its kind's collapse part: lines that say one thing."""
     kind = pl.col("kind")
     same = pl.col("message")
     for name, pattern in _COLLAPSE.items():  # one branch per registry row, not per line
         same = pl.when(kind == name).then(pl.col("message").str.replace(pattern, "")).otherwise(same)
+    return same.hash()
+
+
+def _repeat_keys(year_hint: int) -> list[pl.Expr]:
+    """Narrow keys of a classified line for `collapse_repeats`: a 64-bit hash of its writer (file,
+    host, pid, tid, rank), whether it opens a communicator, how many of a run stay events of their
+    own, and its time (with `_same`, from `_same_message`)."""
+    kind = pl.col("kind")
     return [
         pl.struct("file", *_writer()).hash().alias("_stream"),
-        same.hash().alias("_same"),
         kind.is_in(_COMM_BOUNDARY_KINDS).alias("_boundary"),
         pl.when(kind.is_in(list(_COLLAPSE))).then(0).otherwise(REPEATS_KEPT).alias("_kept_alone"),
         _timestamp(year_hint)[0].alias("ts"),
+        "_same",
     ]
 
 
 def collapse_repeats(keys: pl.DataFrame) -> pl.DataFrame:
     """Which kept lines stay events: alike lines of one writer and communicator become one, the
     first line's, with `repeat` (how many lines it stands for), `last_line` and `last_ts`; evidence
-    still cites a real line. Takes `_repeat_keys` rows (with `_row`, `line`, `part`, `kind`), returns
-    the survivors' `_row` and `kind` in input order with the three columns (null: one line).
+    still cites a real line. Takes `_repeat_keys` rows (with `_row`, `_class`, `line`, `part`, `kind`),
+    returns the survivors' `_row`, `_class` and `kind` in input order with the three columns (null:
+    one line).
 
     A communicator is the stretch of one writer's stream between two boundary lines (`Init START`,
     the `nRanks nNodes` line, teardown): connection lines do not name theirs. Collapsible kinds
@@ -336,16 +355,16 @@ def collapse_repeats(keys: pl.DataFrame) -> pl.DataFrame:
     keys = keys.sort("_stream", "line", "part").with_columns(pl.col("_boundary").cum_sum().over("_stream").alias("_comm"))
     group = ["_stream", "_comm", "kind", "_same"]
     keys = keys.with_columns((pl.int_range(pl.len()).over(group) < pl.col("_kept_alone")).alias("_alone"))
-    alone = keys.filter(pl.col("_alone")).select("_pos", "_row", "kind")
+    alone = keys.filter(pl.col("_alone")).select("_pos", "_row", "_class", "kind")
     merged = keys.filter(~pl.col("_alone")).group_by(group).agg(
-        pl.col("_pos", "_row").first(),
+        pl.col("_pos", "_row", "_class").first(),
         pl.len().alias("_n"),
         pl.col("line").last().alias("last_line"),
         pl.col("ts").drop_nulls().last().alias("last_ts"),
     )
     several = pl.col("_n") > 1
     merged = merged.select(
-        "_pos", "_row", "kind",
+        "_pos", "_row", "_class", "kind",
         pl.when(several).then(pl.col("_n")).alias("repeat"),
         pl.when(several).then(pl.col("last_line")).alias("last_line"),
         pl.when(several).then(pl.col("last_ts")).alias("last_ts"),
@@ -371,6 +390,9 @@ def _severity_expr() -> pl.Expr:
 
 def _with_timestamps(frame: pl.DataFrame, year_hint: int) -> pl.DataFrame:
     return frame.with_columns(*_timestamp(year_hint))
+
+
+_TIME_COLUMNS = ("nccl_ts", "c_md", "g_md", "c_time", "g_time")  # with collector_ts: what `_timestamp` reads
 
 
 def _timestamp(year_hint: int) -> tuple[pl.Expr, pl.Expr]:
