@@ -22,8 +22,6 @@ from functools import cache
 from types import UnionType
 from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
 
-from analyzer.categories import category_ids
-
 SCHEMA_VERSION = "1.3"  # 1.1: optional job.host_facts and checkpoints; 1.2: inputs[].capped;
 # 1.3: job.world_size_source/_stated, job.time_span, job.facts_conflicts, verdict.culprit_gpus
 SCHEMA_ID = f"https://postmortem.local/schema/report-{SCHEMA_VERSION}.json"
@@ -46,17 +44,6 @@ class Enum:
     """A string whose values are listed in `$defs/<name>` (read from data when the schema is made)."""
 
     name: str
-
-
-def enum_values(name: str) -> list:
-    """The values of an Enum, from the data that defines them."""
-    if name == "category":
-        return list(category_ids())
-    if name == "checkpoint_component":
-        from analyzer.checkpoint_audit import COMPONENTS
-
-        return list(COMPONENTS)
-    raise KeyError(f"no enum named {name!r}")
 
 
 Category = Annotated[str, Enum("category")]

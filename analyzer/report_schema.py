@@ -14,7 +14,8 @@ from dataclasses import is_dataclass
 from types import NoneType, UnionType
 from typing import Literal, Union, get_args, get_origin
 
-from analyzer.report import SCHEMA_ID, SCHEMA_VERSION, Enum, Meta, Report, field_meta, hints, strip, enum_values
+from analyzer.categories import category_ids
+from analyzer.report import SCHEMA_ID, SCHEMA_VERSION, Enum, Meta, Report, field_meta, hints, strip
 
 TITLE = "postmortem analysis report"
 DESCRIPTION = (
@@ -36,6 +37,17 @@ def json_schema() -> dict:
 def schema_text() -> str:
     """The schema file's exact text."""
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def enum_values(name: str) -> list:
+    """The values of an Enum, from the data that defines them."""
+    if name == "category":
+        return list(category_ids())
+    if name == "checkpoint_component":
+        from analyzer.checkpoint_audit import COMPONENTS
+
+        return list(COMPONENTS)
+    raise KeyError(f"no enum named {name!r}")
 
 
 def _object(cls: type, defs: dict) -> dict:
