@@ -160,8 +160,11 @@ def test_the_interface_setting_beside_no_interface_found_is_the_cause(tmp_path):
     assert symptom["caused_by"] == ["nccl-socket-ifname-names-no-interface"]
 
 
-def test_no_interface_found_without_the_setting_stays_an_init_failure(tmp_path):
-    assert job(tmp_path, [NO_INTERFACE])["verdict"]["category"] == "nccl_init_failure"
+def test_no_interface_found_without_the_setting_is_the_interface_choice(tmp_path):
+    # the fix is the interface either way (a filter naming nothing, or a host with only lo), so the
+    # line alone gives the interface's category, from its own rule
+    verdict = job(tmp_path, [NO_INTERFACE])["verdict"]
+    assert (verdict["category"], verdict["rule_id"]) == ("wrong_network_interface", "nccl-no-socket-interface")
 
 
 def test_the_interface_setting_alone_is_no_finding(tmp_path):
