@@ -3,7 +3,7 @@
 The report is built as these frozen dataclasses (analyzer/api.py assembles them from the decided
 findings and the job facts); `document(report)` is the JSON document (`Analysis.report`, what
 `--format json` writes, what the renderers read), and `analyzer.report_schema.json_schema()` is its
-JSON Schema, committed as `schema/report.schema.json` (`python -m analyzer.report --schema`
+JSON Schema, committed as `schema/report.schema.json` (`python -m analyzer.report_schema`
 writes it; a test fails when the committed file is not current). One definition of every key,
 so the document and the schema cannot drift.
 
@@ -16,7 +16,6 @@ changed after; the dataclasses are frozen so nothing downstream reassigns a key.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, fields, is_dataclass
 from functools import cache
 from types import UnionType
@@ -350,16 +349,3 @@ def strip(hint: object) -> object:
     """The type inside Annotated[...]."""
     return get_args(hint)[0] if get_origin(hint) is Annotated else hint
 
-
-def main(argv: list[str]) -> int:
-    if argv != ["--schema"]:
-        print("usage: python -m analyzer.report --schema   (prints the report's JSON Schema)", file=sys.stderr)
-        return 2
-    from analyzer.report_schema import schema_text
-
-    sys.stdout.write(schema_text())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

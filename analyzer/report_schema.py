@@ -10,6 +10,7 @@ description, bounds and whether it is required; an `Enum` marker and a `@shared`
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import is_dataclass
 from types import NoneType, UnionType
 from typing import Literal, Union, get_args, get_origin
@@ -132,3 +133,15 @@ def _drop_none(union: object) -> object:
     if len(kept) != 1:
         raise TypeError(f"the report model's unions are `X | None`: {union!r}")
     return kept[0]
+
+
+def main(argv: list[str]) -> int:
+    if argv:
+        print("usage: python -m analyzer.report_schema   (prints the report's JSON Schema)", file=sys.stderr)
+        return 2
+    sys.stdout.write(schema_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -22,7 +22,7 @@ HEALTHY = ROOT / "fixtures" / "healthy" / "torchrun-2gpu-normal" / "job"
 
 def test_the_committed_schema_is_generated_from_the_model():
     assert SCHEMA_FILE.read_text(encoding="utf-8") == schema_text(), (
-        "schema/report.schema.json is stale: run `python -m analyzer.report --schema > schema/report.schema.json`")
+        "schema/report.schema.json is stale: run `python -m analyzer.report_schema > schema/report.schema.json`")
 
 
 def test_the_schema_is_valid_and_names_its_version():
