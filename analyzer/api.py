@@ -119,7 +119,7 @@ def build_report(
     checkpoints: list[dict] | None = None,
 ) -> Report:
     by_id = events.select("event_id", "file", "line", "rank", "text").rows_by_key("event_id", named=True, unique=True)
-    shown: set[int] = set()  # each line is evidence once: under the best-ranked finding that cites it
+    shown: set[tuple[str, int]] = set()  # each line is evidence once: under the best-ranked finding that cites it
     findings = [_finding(row, rules[row["rule_id"]], by_id, shown) for row in ranked.iter_rows(named=True)]
     verdict = _verdict(findings, verdict_rule, inputs)
     evidence = ranked.get_column("evidence")[0].to_list() if ranked.height else []
@@ -167,12 +167,11 @@ def _host_fact_records(events: pl.DataFrame, problems: list[str]) -> list[dict]:
     return host_fact_records(events, notes_by_host(events))
 
 
-def _finding(row: dict, rule: Rule, by_id: dict, shown: set[int]) -> Finding:
+def _finding(row: dict, rule: Rule, by_id: dict, shown: set[tuple[str, int]]) -> Finding:
     """The finding as the report shows it; evidence lines already shown under a better-ranked
     finding (ranked: verdict first, cause before symptom) are not repeated."""
-    fresh = [event_id for event_id in row["evidence"] if event_id not in shown and event_id in by_id][:MAX_EVIDENCE_LINES]
-    shown.update(fresh)
-    evidence = [Evidence(file=e["file"], line=e["line"], rank=e["rank"], text=e["text"] or "") for e in map(by_id.get, fresh)]
+    evidence = [Evidence(file=e["file"], line=e["line"], rank=e["rank"], text=e["text"] or "")
+                for e in _fresh_lines(row["evidence"], by_id, shown)]
     return Finding(
         rule_id=rule.id,
         category=rule.category,
@@ -186,6 +185,19 @@ def _finding(row: dict, rule: Rule, by_id: dict, shown: set[int]) -> Finding:
         evidence=evidence,
         remediation=rule.remediation,
     )
+
+
+def _fresh_lines(event_ids: list[int], by_id: dict, shown: set[tuple[str, int]]) -> list[dict]:
+    """The events of lines not yet shown, at most MAX_EVIDENCE_LINES. A line is keyed by its file and
+    number, not its event: one line can be two events (an NCCL WARN and the vocabulary row it
+    matches), and it is still one line of evidence."""
+    fresh: list[dict] = []
+    for event in filter(None, map(by_id.get, event_ids)):
+        key = (event["file"], event["line"])
+        if key not in shown and len(fresh) < MAX_EVIDENCE_LINES:
+            shown.add(key)
+            fresh.append(event)
+    return fresh
 
 
 def _verdict(findings: list[Finding], rule: Rule | None, inputs: list[InputFile]) -> Verdict:

@@ -176,7 +176,9 @@ def _mismatch_finding(rows: pl.DataFrame, pg: str, seq: int, job: JobContext) ->
             pl.col("fr_eid").drop_nulls().alias("fr_eids"),
             pl.col("wd_eid").drop_nulls().alias("wd_eids"),
         )
-        .sort("n", descending=True)
+        # group_by's order is arbitrary: equal camps are ordered by their lowest rank, so the
+        # majority of a tie and the summary are the same on every run
+        .sort(pl.col("n"), pl.col("ranks").list.first(), descending=[True, False])
     )
     sizes = groups.get_column("n").to_list()
     camps = list(groups.iter_rows(named=True))
