@@ -5,10 +5,11 @@ import tomllib
 from analyzer.categories import CATEGORIES
 from tests.accuracy import evaluate, evaluate_healthy, healthy_runs, round_figures, summarise, truth_cases
 
-# Raise these as the analyzer improves. Culprit misses left: the excerpts of 019, 024, 025 and 031
-# do not contain the culprit's identity at all, and 014 (identical hostnames) is not detected yet.
-CATEGORY_BAR = 0.90
-CULPRIT_BAR = 0.70
+# Raise these as the analyzer improves (2026-12-02: 181/193 and 46/54, a case's slack below each).
+# Culprit misses left: the excerpts of 019, 024, 025, 031 and 185 do not contain the culprit's
+# identity at all, and 014 (identical hostnames) is not detected yet.
+CATEGORY_BAR = 0.93
+CULPRIT_BAR = 0.83
 
 
 def test_accuracy_on_real_incidents(capsys):
