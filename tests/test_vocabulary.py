@@ -198,3 +198,35 @@ def test_a_full_disk_beside_an_unreadable_checkpoint_is_the_cause(tmp_path):
     assert report["verdict"]["category"] == "disk_full_or_io"
     explained = [f for f in report["findings"] if f["rule_id"] == "checkpoint-unreadable"]
     assert explained and explained[0]["caused_by"] == ["disk-full-or-io-error"]
+
+
+# --- a closed connection is the peer's death, not the network (rules/peer-connection-closed.toml) -----
+
+CLOSED_BY_PEER = "[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:6357"
+STORE_UNREACHABLE = ("[rank1]: torch.distributed.DistStoreError: The client socket has timed out after 600s while trying "
+                     "to connect to (10.0.0.1, 29500).")
+
+
+def test_a_closed_connection_beside_another_ranks_crash_is_its_symptom(tmp_path):
+    oom = ("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total "
+           "capacity of 139.80 GiB of which 137.56 GiB is free.")
+    report = job(tmp_path, [oom, CLOSED_BY_PEER])
+    assert (report["verdict"]["rule_id"], report["verdict"]["category"]) == ("cuda-oom", "cuda_oom_on_some_ranks")
+    closed = next(f for f in report["findings"] if f["rule_id"] == "peer-connection-closed")
+    assert closed["caused_by"] == ["cuda-oom"] and closed["ranks"] == [0]
+    assert not [f for f in report["findings"] if f["category"] == "network_unreachable_or_firewall"]
+
+
+def test_a_closed_connection_alone_is_a_peer_death_with_no_named_culprit(tmp_path):
+    report = job(tmp_path, [CLOSED_BY_PEER])
+    verdict = report["verdict"]
+    assert (verdict["rule_id"], verdict["category"]) == ("peer-connection-closed", "rank_crash_exception_then_hang")
+    assert verdict["culprit_ranks"] == []  # rank 0 is the survivor that saw it, not the culprit
+    assert not [f for f in report["findings"] if f["category"] == "network_unreachable_or_firewall"]
+
+
+def test_a_store_unreachable_before_any_crash_stays_the_network_failure(tmp_path):
+    report = job(tmp_path, [STORE_UNREACHABLE, CLOSED_BY_PEER])
+    assert report["verdict"]["category"] == "network_unreachable_or_firewall"
+    closed = next(f for f in report["findings"] if f["rule_id"] == "peer-connection-closed")
+    assert closed["caused_by"] == [report["verdict"]["rule_id"]]
