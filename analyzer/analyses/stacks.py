@@ -119,6 +119,16 @@ def stack_clusters(events: pl.DataFrame, progress: pl.DataFrame | None = None) -
     """
     if "event_id" not in events.columns:
         events = events.with_row_index("event_id").with_columns(pl.col("event_id").cast(pl.Int64))
+    mains = _main_threads(events)
+    per_process = _per_process(_per_dump(_frames(mains)), mains)
+    if progress is None or not progress.height:
+        progress = pl.DataFrame(schema=_PROGRESS_SCHEMA)
+    return _clusters(_with_progress(per_process, progress))
+
+
+def _main_threads(events: pl.DataFrame) -> pl.LazyFrame:
+    """The main thread of each dump file, per process (who_kind, who); a rank can have several
+    dumps (text, --native, --json, or snapshots over time)."""
     threads = events.lazy().filter((pl.col("kind") == "stack.thread") & (pl.col("rank").is_not_null() | pl.col("pid").is_not_null()))
     # One process = the rank when known, else the pid (correlate maps pids to ranks when it can).
     threads = threads.with_columns(
@@ -131,10 +141,12 @@ def stack_clusters(events: pl.DataFrame, progress: pl.DataFrame | None = None) -
         .otherwise(2)
         .alias("_priority"),
     )
-    # The main thread of each dump file; a rank can have several dumps (text, --native, --json, or
-    # snapshots over time).
-    mains = threads.sort("who_kind", "who", "file", "_priority", "line").group_by("who_kind", "who", "file", maintain_order=True).first()
-    frames = (
+    return threads.sort("who_kind", "who", "file", "_priority", "line").group_by("who_kind", "who", "file", maintain_order=True).first()
+
+
+def _frames(mains: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per frame of each main thread: func, where, is_python, is_collective."""
+    return (
         mains.select("who_kind", "who", "file", "event_id", pl.col("detail").fill_null("").str.split(" <- ").alias("frame"))
         .explode("frame")
         .with_columns(
@@ -152,7 +164,11 @@ def stack_clusters(events: pl.DataFrame, progress: pl.DataFrame | None = None) -
             .alias("is_collective")
         )
     )
-    per_dump = frames.group_by("who_kind", "who", "file", "event_id").agg(
+
+
+def _per_dump(frames: pl.LazyFrame) -> pl.LazyFrame:
+    """Per dump: in a collective or not, the Python signature and the labels."""
+    return frames.group_by("who_kind", "who", "file", "event_id").agg(
         pl.col("is_collective").any().alias("in_collective"),
         # File basenames only: install paths differ across hosts and between py-spy's text (short
         # names) and JSON (absolute) output, and must not split a cluster.
@@ -168,7 +184,11 @@ def stack_clusters(events: pl.DataFrame, progress: pl.DataFrame | None = None) -
         .alias("python_label"),
         pl.col("func").filter(~pl.col("func").str.contains(r"^0[xX][0-9a-fA-F]+$")).head(2).str.join(" <- ").alias("native_label"),
     )
-    per_process = (
+
+
+def _per_process(per_dump: pl.LazyFrame, mains: pl.LazyFrame) -> pl.LazyFrame:
+    """Per process, its dumps folded: the last signature and label, the py-spy state."""
+    return (
         per_dump.join(mains.select("who_kind", "who", "file", "code"), on=["who_kind", "who", "file"], how="left")
         .sort("who_kind", "who", "file")
         .group_by("who_kind", "who", maintain_order=True)
@@ -186,9 +206,12 @@ def stack_clusters(events: pl.DataFrame, progress: pl.DataFrame | None = None) -
             pl.coalesce(pl.col("python_label"), pl.col("native_label"), pl.lit("(no frames)")).alias("label"),
         )
     )
-    if progress is None or not progress.height:
-        progress = pl.DataFrame(schema=_PROGRESS_SCHEMA)
-    per_process = per_process.join(
+
+
+def _with_progress(per_process: pl.LazyFrame, progress: pl.DataFrame) -> pl.LazyFrame:
+    """The progress matrix joined on rank: it overrides the stack where it decides (_matrix_in,
+    _matrix_out, _matrix_note)."""
+    return per_process.join(
         progress.lazy().with_columns(pl.lit("rank").alias("who_kind")).rename({"rank": "who"}), on=["who_kind", "who"], how="left"
     ).with_columns(
         # The matrix decides only where the stack does not already show a collective.
@@ -202,6 +225,10 @@ def stack_clusters(events: pl.DataFrame, progress: pl.DataFrame | None = None) -
         .then(pl.lit("nothing pending per Flight Recorder/watchdog"))
         .alias("_matrix_note"),
     )
+
+
+def _clusters(per_process: pl.LazyFrame) -> pl.DataFrame:
+    """Processes grouped by signature and state, biggest group first."""
     clusters = (
         per_process.group_by("signature", "in_collective", "_matrix_note")
         .agg(

@@ -103,52 +103,64 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         return findings_frame([])
     pairs = _pairs(events, job)
     env = _env(events)
-    rows = []
     intra = pairs.filter(pl.col("same_host").fill_null(False))
     inter = pairs.filter(~pl.col("same_host").fill_null(True))
+    net_lines = events.filter(pl.col("kind") == "nccl.net")
+    rows = [
+        _intra_node_network(intra, env),
+        _intra_node_shm(intra, env),
+        _multinode_socket(events, job, pairs, inter, env, net_lines),
+        _gdr_disabled(inter, env, net_lines),
+    ]
+    return findings_frame([row for row in rows if row is not None])
 
+
+def _intra_node_network(intra: pl.DataFrame, env: pl.DataFrame) -> dict | None:
     over_net = intra.filter(pl.col("family").str.starts_with("NET/") | pl.col("family").str.starts_with("COLLNET/"))
     forcing = env.filter(pl.col("var").is_in(_NET_FORCING) & (pl.col("value") != "0"))
-    if over_net.height and forcing.height:
-        rows.append(
-            _link_finding(
-                "transport-intra-node-network",
-                over_net,
-                confidence=0.8,
-                summary=(
-                    f"ranks on the same machine exchange data through the network stack ({_links_text(over_net)}) instead of "
-                    f"NVLink/PCIe peer access or shared memory, because {_settings(forcing)}"
-                ),
-                cause_evidence=forcing.get_column("event_id").head(4).to_list(),
-                link_evidence=8,
-            )
-        )
+    if not (over_net.height and forcing.height):
+        return None
+    return _link_finding(
+        "transport-intra-node-network",
+        over_net,
+        confidence=0.8,
+        summary=(
+            f"ranks on the same machine exchange data through the network stack ({_links_text(over_net)}) instead of "
+            f"NVLink/PCIe peer access or shared memory, because {_settings(forcing)}"
+        ),
+        cause_evidence=forcing.get_column("event_id").head(4).to_list(),
+        link_evidence=8,
+    )
 
+
+def _intra_node_shm(intra: pl.DataFrame, env: pl.DataFrame) -> dict | None:
     over_shm = intra.filter(pl.col("family").is_in(["SHM", "direct shared memory"]))
     p2p_off = env.filter(
         (pl.col("var") == "NCCL_P2P_DISABLE") & (pl.col("value") != "0")
         | (pl.col("var") == "NCCL_P2P_LEVEL") & pl.col("value").str.to_uppercase().is_in(["LOC", "0"])
     )
-    if over_shm.height and p2p_off.height:
-        rows.append(
-            _link_finding(
-                "transport-intra-node-shm",
-                over_shm,
-                confidence=0.75,
-                summary=(
-                    f"ranks on the same machine exchange data through host shared memory ({_links_text(over_shm)}) "
-                    f"instead of GPU peer-to-peer (NVLink/PCIe), because {_settings(p2p_off)}"
-                ),
-                cause_evidence=p2p_off.get_column("event_id").head(4).to_list(),
-                link_evidence=8,
-            )
-        )
+    if not (over_shm.height and p2p_off.height):
+        return None
+    return _link_finding(
+        "transport-intra-node-shm",
+        over_shm,
+        confidence=0.75,
+        summary=(
+            f"ranks on the same machine exchange data through host shared memory ({_links_text(over_shm)}) "
+            f"instead of GPU peer-to-peer (NVLink/PCIe), because {_settings(p2p_off)}"
+        ),
+        cause_evidence=p2p_off.get_column("event_id").head(4).to_list(),
+        link_evidence=8,
+    )
 
+
+def _multinode_socket(
+    events: pl.DataFrame, job: JobContext, pairs: pl.DataFrame, inter: pl.DataFrame, env: pl.DataFrame, net_lines: pl.DataFrame
+) -> dict | None:
     nccl = events.filter(pl.col("source") == "nccl")
     hosts = sorted(set(nccl.get_column("host").drop_nulls().unique().to_list()) | set(job.hosts))
     socket = inter.filter(pl.col("family") == "NET/Socket")
     multi_node = len(hosts) > 1 or inter.height > 0
-    net_lines = events.filter(pl.col("kind") == "nccl.net")
     ib_missing = net_lines.filter(pl.col("message").str.contains(_IB_MISSING))
     ib_disabled = env.filter(pl.col("var").is_in(["NCCL_IB_DISABLE", "NCCL_NET"]) & (pl.col("value").str.to_uppercase() != "0") & (pl.col("value").str.to_uppercase() != "IB"))
     uses_ib = pairs.filter(pl.col("family").str.starts_with("NET/IB")).height > 0
@@ -168,61 +180,70 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     maybe_multi_node = not one_node and (
         (over_ipoib.height > 0 and (ib_missing.height or ib_disabled.height)) or ib_expected
     )
-    if (multi_node or maybe_multi_node) and not uses_ib and on_sockets:
-        why = []
-        if ib_disabled.height:
-            why.append(_settings(ib_disabled))
-        if ib_missing.filter(pl.col("message").str.contains("No device found")).height:
-            why.append("NCCL found no InfiniBand/RoCE device (NET/IB : No device found)")
-        if ib_missing.filter(pl.col("message").str.contains("Plugin|libibverbs")).height:
-            why.append("no network plugin or libibverbs was loaded")
-        if ib_expected:
-            settings = ", ".join(sorted(set(ib_asked.get_column("message").str.extract(r"\b(NCCL_IB_\w+)", 1).drop_nulls().to_list())))
-            why.append(f"the environment asks for InfiniBand ({settings}) but NCCL could not use any HCA")
-        if ib_open_failed.height:
-            why.append("NCCL could not open the InfiniBand device (ibv_open_device failed: no /dev/infiniband or no "
-                       "IPC_LOCK in a container, or RDMA not enabled)")
-        if over_ipoib.height:
-            interface = over_ipoib.get_column("message").str.extract(_SOCKET_OVER_IPOIB, 1).drop_nulls().head(1).to_list()
-            why.append(f"the sockets run over the IPoIB interface {interface[0] if interface else ''}: the host has InfiniBand that NCCL does not use")
-        spans = f"the job spans {len(hosts)} hosts and its" if multi_node else "if the job spans several nodes, its"
-        summary = (
-            f"{spans} inter-node traffic goes over TCP sockets (NET/Socket)"
-            + (f": {_links_text(socket)}" if socket.height else "")
-            + (f"; {'; '.join(why)}" if why else "")
-        )
-        evidence = ib_disabled.get_column("event_id").head(2).to_list() + ib_open_failed.get_column("event_id").head(2).to_list()
-        evidence += ib_missing.get_column("event_id").head(4).to_list() + ib_asked.get_column("event_id").head(2).to_list()
-        evidence += over_ipoib.get_column("event_id").head(2).to_list() + socket.get_column("event_id").head(6).to_list()
-        rows.append(
-            finding(
-                "transport-multinode-socket",
-                hosts=hosts,
-                confidence=(0.6 if why else 0.5) if multi_node else 0.4,
-                summary=summary,
-                evidence=evidence,
-            )
-        )
+    if not ((multi_node or maybe_multi_node) and not uses_ib and on_sockets):
+        return None
+    why = _socket_reasons(ib_disabled, ib_missing, ib_asked if ib_expected else None, ib_open_failed, over_ipoib)
+    spans = f"the job spans {len(hosts)} hosts and its" if multi_node else "if the job spans several nodes, its"
+    summary = (
+        f"{spans} inter-node traffic goes over TCP sockets (NET/Socket)"
+        + (f": {_links_text(socket)}" if socket.height else "")
+        + (f"; {'; '.join(why)}" if why else "")
+    )
+    evidence = ib_disabled.get_column("event_id").head(2).to_list() + ib_open_failed.get_column("event_id").head(2).to_list()
+    evidence += ib_missing.get_column("event_id").head(4).to_list() + ib_asked.get_column("event_id").head(2).to_list()
+    evidence += over_ipoib.get_column("event_id").head(2).to_list() + socket.get_column("event_id").head(6).to_list()
+    return finding(
+        "transport-multinode-socket",
+        hosts=hosts,
+        confidence=(0.6 if why else 0.5) if multi_node else 0.4,
+        summary=summary,
+        evidence=evidence,
+    )
 
+
+def _socket_reasons(
+    ib_disabled: pl.DataFrame, ib_missing: pl.DataFrame, ib_asked: pl.DataFrame | None, ib_open_failed: pl.DataFrame,
+    over_ipoib: pl.DataFrame,
+) -> list[str]:
+    """Why the traffic is on sockets, as far as the lines say (`ib_asked`: None unless IB was
+    expected, i.e. asked for and not found)."""
+    why = []
+    if ib_disabled.height:
+        why.append(_settings(ib_disabled))
+    if ib_missing.filter(pl.col("message").str.contains("No device found")).height:
+        why.append("NCCL found no InfiniBand/RoCE device (NET/IB : No device found)")
+    if ib_missing.filter(pl.col("message").str.contains("Plugin|libibverbs")).height:
+        why.append("no network plugin or libibverbs was loaded")
+    if ib_asked is not None:
+        settings = ", ".join(sorted(set(ib_asked.get_column("message").str.extract(r"\b(NCCL_IB_\w+)", 1).drop_nulls().to_list())))
+        why.append(f"the environment asks for InfiniBand ({settings}) but NCCL could not use any HCA")
+    if ib_open_failed.height:
+        why.append("NCCL could not open the InfiniBand device (ibv_open_device failed: no /dev/infiniband or no "
+                   "IPC_LOCK in a container, or RDMA not enabled)")
+    if over_ipoib.height:
+        interface = over_ipoib.get_column("message").str.extract(_SOCKET_OVER_IPOIB, 1).drop_nulls().head(1).to_list()
+        why.append(f"the sockets run over the IPoIB interface {interface[0] if interface else ''}: the host has InfiniBand that NCCL does not use")
+    return why
+
+
+def _gdr_disabled(inter: pl.DataFrame, env: pl.DataFrame, net_lines: pl.DataFrame) -> dict | None:
     ib_pairs = inter.filter(pl.col("family").str.starts_with("NET/IB"))
     gdr_off = net_lines.filter(pl.col("message").str.contains(_GDR_OFF))
     gdr_env = env.filter(pl.col("var").is_in(["NCCL_NET_GDR_LEVEL", "NCCL_GDR_LEVEL"]) & pl.col("value").str.to_uppercase().is_in(["0", "LOC"]))
-    if ib_pairs.height and not ib_pairs.get_column("gdr").any() and (gdr_off.height or gdr_env.height):
-        rows.append(
-            _link_finding(
-                "transport-gdr-disabled",
-                ib_pairs,
-                confidence=0.65,
-                summary=(
-                    f"inter-node traffic uses InfiniBand without GPUDirect RDMA ({_links_text(ib_pairs)}; no GDRDMA link), so every "
-                    "transfer is staged through host memory"
-                    + (f"; {_settings(gdr_env)}" if gdr_env.height else "")
-                ),
-                cause_evidence=gdr_env.get_column("event_id").head(2).to_list() + gdr_off.get_column("event_id").head(4).to_list(),
-                link_evidence=6,
-            )
-        )
-    return findings_frame(rows)
+    if not (ib_pairs.height and not ib_pairs.get_column("gdr").any() and (gdr_off.height or gdr_env.height)):
+        return None
+    return _link_finding(
+        "transport-gdr-disabled",
+        ib_pairs,
+        confidence=0.65,
+        summary=(
+            f"inter-node traffic uses InfiniBand without GPUDirect RDMA ({_links_text(ib_pairs)}; no GDRDMA link), so every "
+            "transfer is staged through host memory"
+            + (f"; {_settings(gdr_env)}" if gdr_env.height else "")
+        ),
+        cause_evidence=gdr_env.get_column("event_id").head(2).to_list() + gdr_off.get_column("event_id").head(4).to_list(),
+        link_evidence=6,
+    )
 
 
 def _link_finding(

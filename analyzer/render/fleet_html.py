@@ -31,9 +31,25 @@ Cell = Callable[[dict], str]
 
 
 def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top: int = 50) -> str:
-    t = view.totals
-    max_jobs = max([1, *view.hosts.get_column("failed_jobs").to_list()])
     parts = [
+        *_head(title, view.totals),
+        *_hosts_section(view, top),
+        *_gpus_section(view, top),
+        *_signatures_section(view, top),
+        *_jobs_sections(view),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+_TOTALS = (("jobs", "jobs"), ("failed", "failed"), ("no_failure", "no failure found"),
+           ("cannot_analyse", "could not be analysed"), ("timed_out", "timed out"),
+           ("over_memory", "over the memory budget"), ("crashed", "crashed the analyzer"))
+
+
+def _head(title: str, t: dict[str, int]) -> list[str]:
+    """The document head, the title and the line of totals."""
+    return [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'">',
@@ -41,14 +57,13 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
         f"<h1>{escape(title)}</h1>",
         f'<p class="muted">postmortem {escape(__version__)}: one row per job in the scan; a failed job is an '
         "analysed job whose verdict is not <code>none</code>.</p>",
-        '<p class="totals">'
-        + "".join(
-            f"<span>{escape(label)}: <b>{t[key]}</b></span>"
-            for key, label in (("jobs", "jobs"), ("failed", "failed"), ("no_failure", "no failure found"),
-                               ("cannot_analyse", "could not be analysed"), ("timed_out", "timed out"),
-                               ("over_memory", "over the memory budget"), ("crashed", "crashed the analyzer"))
-        )
-        + "</p>",
+        '<p class="totals">' + "".join(f"<span>{escape(label)}: <b>{t[key]}</b></span>" for key, label in _TOTALS) + "</p>",
+    ]
+
+
+def _hosts_section(view: FleetView, top: int) -> list[str]:
+    max_jobs = max([1, *view.hosts.get_column("failed_jobs").to_list()])
+    return [
         "<h2>Repeat-offender hosts</h2>",
         '<p class="muted">Hosts named by failed jobs\' verdicts (culprit hosts and the hosts of culprit ranks), '
         "ranked by distinct failed jobs, then by the sum of those verdicts' confidence. "
@@ -69,6 +84,11 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
             numeric=(1, 2, 3, 4),
             empty="No failed job named a host.",
         ),
+    ]
+
+
+def _gpus_section(view: FleetView, top: int) -> list[str]:
+    return [
         "<h2>GPUs</h2>",
         '<p class="muted">Where the logs printed the culprit\'s CUDA device (as the process saw it).</p>',
         _table(
@@ -84,6 +104,11 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
             numeric=(1, 2),
             empty="No verdict named a GPU.",
         ),
+    ]
+
+
+def _signatures_section(view: FleetView, top: int) -> list[str]:
+    return [
         "<h2>Recurring signatures</h2>",
         _table(
             view.signatures.head(top),
@@ -100,6 +125,12 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
             numeric=(2, 3, 4),
             empty="No failed job.",
         ),
+    ]
+
+
+def _jobs_sections(view: FleetView) -> list[str]:
+    """Jobs by category, the failed jobs and the jobs that could not be analysed."""
+    return [
         "<h2>Jobs by category</h2>",
         _table(view.categories, ("category", "jobs"),
                (lambda r: escape(r["category"] or "?"), lambda r: str(r["jobs"])), numeric=(1,), empty="No job."),
@@ -129,9 +160,7 @@ def render_fleet_html(view: FleetView, title: str = "postmortem fleet view", top
             ),
             empty="Every job was analysed.",
         ),
-        "</body></html>",
     ]
-    return "\n".join(parts) + "\n"
 
 
 def _table(frame: pl.DataFrame, headers: Sequence[str], cells: Sequence[Cell], *, numeric: Sequence[int] = (),
