@@ -21,6 +21,14 @@ MAX_TEXT_CHARS = 4096  # one rendered value (a stack, a shape list, a message)
 _ELIDED = "…"
 
 
+class DecompressionLimit(Exception):
+    """A compressed input or archive passed a size or ratio cap (a bomb, or more than is read).
+
+    Raised by io's readers; declared here, below every stage, because `analyzer.exits` lists it among
+    the input's errors.
+    """
+
+
 def int64(value: Any) -> int | None:
     """`value` as an int when it is an integer (or an integral numeric string) within int64, else None."""
     if type(value) is int:

@@ -14,13 +14,25 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from analyzer.analyses import JobContext
 from analyzer.bounds import MAX_WORLD_SIZE, rank_number
 from analyzer.io import InputFile
 
 # Columns that count ranks: a value past MAX_WORLD_SIZE (a `rank 10^18` line, `nranks 100000000`)
 # is an invalid value on its line, so no later stage sizes a range, a set or a matrix by it.
 _RANK_COLUMNS = ("rank", "local_rank", "pg_rank", "nranks")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Job facts derived by correlate that analyses need (what stage 3 hands detect)."""
+
+    world_size: int | None = None
+    ranks: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
+    rank_hosts: dict[int, str] = field(default_factory=dict)
+    end_ts: object | None = None  # latest timestamp seen anywhere in the job
+    root: str | None = None  # the analysed path (read-only), for analyses that inspect files themselves
+    checkpoint_paths: tuple[str, ...] = ()  # extra checkpoint locations given with --checkpoint
 
 
 @dataclass

@@ -25,7 +25,7 @@ import zstandard
 from lark.exceptions import LarkError
 from polars.exceptions import ComputeError, InvalidOperationError, NoDataError, PanicException
 
-from analyzer.io import DecompressionLimit
+from analyzer.bounds import DecompressionLimit
 
 EXIT_NOTHING_FOUND = 0
 EXIT_FAILURE_FOUND = 1

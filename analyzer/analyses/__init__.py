@@ -8,23 +8,11 @@ use polars expressions over them, and return frames built with `analyzer.finding
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import polars as pl
 
-
-@dataclass(frozen=True)
-class JobContext:
-    """Job facts derived by correlate that analyses need."""
-
-    world_size: int | None = None
-    ranks: tuple[int, ...] = ()
-    hosts: tuple[str, ...] = ()
-    rank_hosts: dict[int, str] = field(default_factory=dict)
-    end_ts: object | None = None  # latest timestamp seen anywhere in the job
-    root: str | None = None  # the analysed path (read-only), for analyses that inspect files themselves
-    checkpoint_paths: tuple[str, ...] = ()  # extra checkpoint locations given with --checkpoint
-
+# Built by correlate (`JobFacts.context()`): every analysis takes it, so the analyses name it from here.
+from analyzer.correlate import JobContext
 
 Analysis = Callable[[pl.DataFrame, JobContext], pl.DataFrame]
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import zstandard
 
+from analyzer.bounds import DecompressionLimit
+
 # Caps that keep one hostile compressed input from exhausting the machine.
 MAX_DECOMPRESSED_BYTES = 4 << 30
 MAX_COMPRESSION_RATIO = 200
@@ -37,10 +39,6 @@ _ZSTD_HEAD = re.compile(rb"\x28\xb5\x2f\xfd|[\x50-\x5f]\x2a\x4d\x18")
 _BZIP2_HEAD = re.compile(rb"BZh[1-9](?:\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x50\x90)")
 ZIP_MAGIC = b"PK\x03\x04"
 ZIP_EMPTY_MAGIC = b"PK\x05\x06"
-
-
-class DecompressionLimit(Exception):
-    """A compressed input or archive passed a size or ratio cap (a bomb, or more than is read)."""
 
 
 class CorruptStream(ValueError):
