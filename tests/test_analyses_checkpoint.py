@@ -130,7 +130,8 @@ def test_disk_error_makes_the_broken_checkpoint_a_symptom(tmp_path):
     assert linked["caused_by"] == ["disk-full-or-io-error"]
     assert "ckpt/step_300.pt (step 300): truncated" in linked["summary"]
     assert "No space left on device" in linked["summary"]
-    assert [e["file"] for e in linked["evidence"]] == ["train.log"]
+    # its evidence is the disk error's line, shown once: under the verdict, which it explains
+    assert [e["file"] for e in report["findings"][0]["evidence"]] == ["train.log"] and linked["evidence"] == []
     assert "checkpoint-file-corrupt" not in by_rule
 
 

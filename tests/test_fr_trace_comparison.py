@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -166,9 +167,21 @@ def _group_size(fr_dir: Path) -> int:
     return len(json.loads(doc["pg_config"]["0"]["ranks"]))
 
 
+def _pickle_dumps(fr_dir: Path, tmp_path: Path) -> Path:
+    """The folder of the rank's pickle dumps alone: fr_trace takes every file's suffix after the
+    prefix as a rank number, so a JSON twin (`nccl_trace_rank_0.json`) beside them stops it."""
+    dumps = [p for p in fr_dir.iterdir() if not p.suffix]
+    if len(dumps) == len(list(fr_dir.iterdir())):
+        return fr_dir
+    (tmp_path / "fr").mkdir()
+    for dump in dumps:
+        shutil.copy(dump, tmp_path / "fr" / dump.name)
+    return tmp_path / "fr"
+
+
 @pytest.mark.parametrize("case", FR_CASES, ids=lambda c: c.name)
-def test_recorded_dumps(case: Path):
-    fr_dir = case / "job" / "fr"
+def test_recorded_dumps(case: Path, tmp_path: Path):
+    fr_dir = _pickle_dumps(case / "job" / "fr", tmp_path)
     culprits = set(tomllib.loads((case / "truth.toml").read_text())["culprit_ranks"])
     verdict = ours(fr_dir)  # the dumps alone, as fr_trace sees them
     assert set(verdict["culprit_ranks"]) == culprits, verdict["summary"]

@@ -107,13 +107,15 @@ def test_transport_findings_do_not_depend_on_the_channel_count(tmp_path):
 
 
 def test_a_20_mb_log_of_one_channel_line_is_bounded(tmp_path):
-    """Measured in a child (VmHWM): 706 MB and 12.7 s before aggregation; about 300 MB now, most of
-    it the batch's line frame (lines.py). The wall bound is loose: CI machines are shared."""
+    """Measured in a child (VmHWM): 706 MB and 12.7 s before aggregation; about 300 MB now in the
+    project venv and 394 MB in a fresh-clone CI run, most of it the batch's line frame
+    (lines.py). The bound sits between that and the unaggregated figure; the wall bound is loose:
+    CI machines are shared."""
     job = tmp_path / "job"
     job.mkdir()
     nccl_info_gen.write_repeated_line(job / "rank0.log", 20 << 20)
     result = measure(job, tmp_path / "report.json")
     assert result["exit"] == 0, result
-    assert result["peak_rss_mb"] < 360 and result["seconds"] < 90, result
+    assert result["peak_rss_mb"] < 500 and result["seconds"] < 90, result
     (entry,) = result["report"]["inputs"]
     assert entry["status"] == "parsed" and entry["lines"] > 280_000 and entry["unparsed_lines"] == 0
