@@ -8,7 +8,7 @@ itself is built by `analyzer.analyses.progress`, which calls the two functions h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import polars as pl
 
@@ -159,6 +159,20 @@ def _divergence_text(rows: pl.DataFrame) -> str:
     return f"the sequences had already diverged at #{seq}: {sides} (equal element counts, exchanged silently)"
 
 
+def _split_camps(camps: list[dict], tie_key: Callable[[dict], tuple], *,
+                 majority_confidence: float) -> tuple[list[dict], list[dict], float]:
+    """(culprit camps, majority camps, confidence) of camps sorted largest first (`n` ranks each).
+    The largest camp is the majority; equal leading camps are told apart by `tie_key` (the lowest
+    is the culprit), and where it cannot tell them apart every camp is implicated rather than a
+    guess made."""
+    if len(camps) < 2 or camps[0]["n"] != camps[1]["n"]:
+        return camps[1:], camps[:1], majority_confidence
+    leaders = sorted((c for c in camps if c["n"] == camps[0]["n"]), key=tie_key)
+    if tie_key(leaders[0]) == tie_key(leaders[1]):
+        return camps, [], 0.35
+    return [leaders[0]], [c for c in camps if c is not leaders[0]], 0.5
+
+
 def _mismatch_finding(rows: pl.DataFrame, pg: str, seq: int, job: JobContext) -> dict:
     fields = [("family", "op"), ("cmp_in", "NumelIn"), ("cmp_out", "NumelOut"), ("dtype", "dtype")]
     # Which field splits the ranks (the first that differs), then its majority value.
@@ -182,22 +196,11 @@ def _mismatch_finding(rows: pl.DataFrame, pg: str, seq: int, job: JobContext) ->
     )
     sizes = groups.get_column("n").to_list()
     camps = list(groups.iter_rows(named=True))
-    if len(sizes) > 1 and sizes[0] == sizes[1]:
-        # Equal camps: blame the barrier (a rank that left its loop early), else the camp that
-        # advanced further (it skipped a collective), else the smaller op; if none of these tells
-        # them apart, implicate every camp rather than guess.
-        leaders = [c for c in camps if c["n"] == sizes[0]]
-        keyed = sorted(leaders, key=_tie_key)
-        if _tie_key(keyed[0]) == _tie_key(keyed[1]):
-            culprit_rows, majority_rows, confidence = camps, [], 0.35
-        else:
-            culprit_rows = [keyed[0]]
-            majority_rows = [c for c in camps if c is not keyed[0]]
-            confidence = 0.5
-    else:
-        majority_rows, culprit_rows = camps[:1], camps[1:]
-        total = sum(sizes)
-        confidence = 0.85 if (total - sizes[0]) * 3 <= total else 0.7
+    # Equal camps: blame the barrier (a rank that left its loop early), else the camp that advanced
+    # further (it skipped a collective), else the smaller op.
+    total = sum(sizes)
+    culprit_rows, majority_rows, confidence = _split_camps(
+        camps, _tie_key, majority_confidence=0.85 if (total - sizes[0]) * 3 <= total else 0.7)
     culprits = sorted({r for row in culprit_rows for r in row["ranks"]})
     majority_ranks = sorted({r for row in majority_rows for r in row["ranks"]})
     describe = lambda rows: "; ".join(_value_text(r, field, label) for r in rows)  # noqa: E731
@@ -324,17 +327,7 @@ def _fingerprint_finding(at: pl.DataFrame, seq: int, job: JobContext) -> dict:
             "the other side of the report was not captured",
             evidence=only["eids"],
         )
-    if rows[0]["n"] == rows[1]["n"]:
-        leaders = sorted((r for r in rows if r["n"] == rows[0]["n"]), key=_fp_tie_key)
-        if _fp_tie_key(leaders[0]) == _fp_tie_key(leaders[1]):
-            culprit_rows, majority_rows, confidence = rows, [], 0.35
-        else:
-            culprit_rows = [leaders[0]]
-            majority_rows = [r for r in rows if r is not leaders[0]]
-            confidence = 0.5
-    else:
-        majority_rows, culprit_rows = rows[:1], rows[1:]
-        confidence = 0.85
+    culprit_rows, majority_rows, confidence = _split_camps(rows, _fp_tie_key, majority_confidence=0.85)
     culprits = sorted({r for row in culprit_rows for r in row["ranks"]})
     majority = sorted({r for row in majority_rows for r in row["ranks"]})
     return finding(
