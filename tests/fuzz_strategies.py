@@ -106,7 +106,7 @@ def _shrink(doc: object, width: int = 6, depth: int = 0) -> object:
 @cache
 def seed_documents() -> dict[str, tuple[object, ...]]:
     """Decoded structured seeds (Flight Recorder dumps, memory snapshots, JSON records), shrunk."""
-    from analyzer.safepickle import load_untrusted_pickle
+    from analyzer.io.safepickle import load_untrusted_pickle
 
     docs: dict[str, list[object]] = {}
     for fmt, files in seed_files().items():

@@ -42,7 +42,7 @@ def _companion(job: Path) -> None:
 
 
 def _fr_doc() -> dict:
-    from analyzer.safepickle import load_untrusted_pickle
+    from analyzer.io.safepickle import load_untrusted_pickle
 
     return load_untrusted_pickle(FR_DUMP.read_bytes())
 

@@ -26,12 +26,12 @@ from analyzer.api import NothingToAnalyse, analyze
 from analyzer.io import InputFile, discover, iter_text_chunks
 from analyzer.events import EVENT_SCHEMA
 from analyzer.parse import PARSERS, TEXT_FORMATS, parse_inputs
-from analyzer.parse.budget import BudgetExceeded
+from analyzer.io.budget import BudgetExceeded
 from analyzer.parse.flight_recorder import FlightRecorderError, decode_dump, flight_recorder_events
 from analyzer.parse.grammars import GRAMMAR_STARTS, grammar, parse_body
 from analyzer.parse.lines import MAX_LINE_CHARS, lines_frame_many, peel_prefixes
 from analyzer.parse.structured import ErrorJsonError, parse_error_json
-from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
+from analyzer.io.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
 from tests import fuzz_strategies as fs
 from tests.fuzz_strategies import FUZZ, FUZZ_SLOW
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(300, method="signal")
 PRELUDES = {
     "kineto-without-separator": "import analyzer.parse.kineto as k; k.MAX_EVENT_BYTES = 8 << 20\n",
     "nsys-many-rows": "import analyzer.parse.nsys as n; n.MAX_ROWS = 50_000\n",
-    "fr-pickle-object-bomb": "import analyzer.parse.budget as b; b.MEMORY_BUDGET_BYTES = 128 << 20\n",
+    "fr-pickle-object-bomb": "import analyzer.io.budget as b; b.MEMORY_BUDGET_BYTES = 128 << 20\n",
     "nsys-generated-column": "",
 }
 SCALE = 0.05

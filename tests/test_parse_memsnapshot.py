@@ -12,7 +12,7 @@ import pytest
 from analyzer.io import discover
 from analyzer.parse import parse_input
 from analyzer.parse.memsnapshot import snapshot_events
-from analyzer.safepickle import load_untrusted_pickle
+from analyzer.io.safepickle import load_untrusted_pickle
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
 MiB = 1 << 20

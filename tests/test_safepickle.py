@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
+from analyzer.io.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FR_DIR = SHARED / "formats-samples" / "flight-recorder"

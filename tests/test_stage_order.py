@@ -24,7 +24,6 @@ STAGE_OF = {
     "analyzer.findings": "common",
     "analyzer.io": "io",
     "analyzer.parse": "parse",
-    "analyzer.safepickle": "parse",  # its docstring: stage 2 support (Flight Recorder and memory snapshots)
     "analyzer.correlate": "facts",
     "analyzer.hostfacts": "facts",
     "analyzer.gpus": "facts",

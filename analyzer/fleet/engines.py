@@ -5,7 +5,7 @@
   `job_timeout` seconds has its worker killed (SIGKILL) and replaced, and is a `timed_out` row; a
   worker that dies is a `crashed` row for exactly the job it held; either way the other jobs go on.
   Each job runs under `job_memory` bytes of new address space (the parse stage's RLIMIT_AS budget,
-  `analyzer.parse.budget.address_space`): a job that needs more is an `over_memory` row and its
+  `analyzer.io.budget.address_space`): a job that needs more is an `over_memory` row and its
   worker is replaced (a MemoryError in Python; a native library that aborts on the failed
   allocation, SIGABRT, costs the worker the same way).
   A worker reports ready once it has imported the analyzer, so start-up never counts against a
@@ -111,7 +111,7 @@ def _run_within_memory(task: Task, spec: JobSpec, job_memory: int | None) -> dic
     """`task(spec)` under the job's memory budget; past it, the job's over_memory row."""
     if job_memory is None:
         return task(spec)
-    from analyzer.parse.budget import BudgetExceeded, address_space
+    from analyzer.io.budget import BudgetExceeded, address_space
 
     try:
         with address_space(job_memory):

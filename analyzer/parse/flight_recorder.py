@@ -1,7 +1,7 @@
 """Stage 2, parse (Flight Recorder): PyTorch NCCL Flight Recorder dumps -> canonical events.
 
 A dump is one rank's ring buffer of recent collectives plus its process-group configuration and
-status. It comes as a pickle (read only through `analyzer.safepickle`, never `pickle.load`) or as
+status. It comes as a pickle (read only through `analyzer.io.safepickle`, never `pickle.load`) or as
 the JSON variant, in every layout PyTorch has written since 2.2 (FORMATS.md section 5): a bare
 list with `seq_id`/`time_created_us`, the 1.x dicts, the 2.x dicts with
 `collective_seq_id`/`p2p_seq_id`, `nccl_version` or `comm_lib_version`, `pg_status` values as
@@ -28,8 +28,8 @@ import polars as pl
 from analyzer.bounds import INT64_MAX, INT64_MIN, MAX_WORLD_SIZE, bounded_str, int64, rank_number
 from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import EVENT_SCHEMA, UTC_TS, empty_events
-from analyzer.parse.budget import address_space
-from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
+from analyzer.io.budget import address_space
+from analyzer.io.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
 
 MAX_DUMP_BYTES = 256 << 20  # real dumps are a few MB; building one must also fit the parse budget
 INLINE_MEMBERS = 256

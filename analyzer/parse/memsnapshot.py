@@ -2,7 +2,7 @@
 
 `torch.cuda.memory._dump_snapshot(path)` pickles `torch.cuda.memory._snapshot()`: a dict of plain
 lists and dicts (`segments`, each with its `blocks`; `device_traces`, one list of allocator actions
-per device; `allocator_settings`). It is loaded only through `analyzer.safepickle`, which refuses
+per device; `allocator_settings`). It is loaded only through `analyzer.io.safepickle`, which refuses
 every global; a snapshot needs none. Flight Recorder dumps are pickles too, so the dispatcher
 calls `memory_snapshot_events` first and falls back to the Flight Recorder parser when the
 document is not a snapshot.
@@ -27,7 +27,7 @@ import polars as pl
 from analyzer.bounds import bounded_str, cap_text, int64
 from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import empty_events, events_from_records
-from analyzer.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
+from analyzer.io.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
 
 MAX_SNAPSHOT_BYTES = 512 << 20  # and building it must fit the parse budget (analyzer.parse.budget)
 MAX_OOM_EVENTS = 10

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.exits import INPUT_ERRORS
-from analyzer.parse.budget import BudgetExceeded, address_space
+from analyzer.io.budget import BudgetExceeded, address_space
 from analyzer.parse.checkpoints.contents import summarize
 from analyzer.parse.checkpoints.symbolic import MAX_PICKLE_BYTES, Pickled, read_pickle_symbolically
 

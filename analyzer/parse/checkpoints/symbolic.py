@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from analyzer.parse.budget import BudgetExceeded
-from analyzer.safepickle import CorruptPickleError, load_bounded
+from analyzer.io.budget import BudgetExceeded
+from analyzer.io.safepickle import CorruptPickleError, load_bounded
 
 MAX_PICKLE_BYTES = 512 << 20
 

@@ -1,4 +1,4 @@
-"""Stage 2, parse (support): load untrusted pickles without executing anything.
+"""Stage 1, io (support): load untrusted pickles without executing anything.
 
 Flight Recorder dumps (and PyTorch memory snapshots) are pickles written by a process we do not
 trust: a job directory may come from anywhere, and `pickle.load` on a crafted file runs arbitrary
@@ -76,7 +76,7 @@ def load_bounded(unpickler: pickle.Unpickler) -> object:
     opcode byte (a 64 MB pickle of empty dicts is 4 GB): the address-space budget turns both into
     a refused allocation, BudgetExceeded, instead of memory the machine does not have.
     """
-    from analyzer.parse.budget import address_space
+    from analyzer.io.budget import address_space
 
     collecting = gc.isenabled()
     # A dump is tens of thousands of fresh dicts and lists: with the collector on, every few hundred
@@ -98,7 +98,7 @@ def load_bounded(unpickler: pickle.Unpickler) -> object:
             raise CorruptPickleError(f"truncated pickle: {text}") from exc
         raise CorruptPickleError(f"corrupt pickle: {text}") from exc
     except Exception as exc:  # noqa: BLE001 - any opcode-level failure means a malformed stream
-        from analyzer.parse.budget import BudgetExceeded
+        from analyzer.io.budget import BudgetExceeded
 
         if isinstance(exc, BudgetExceeded):
             raise
