@@ -14,7 +14,8 @@ import polars as pl
 
 from analyzer.api import analyze
 from analyzer.io import discover
-from analyzer.parse.logtext import REPEATS_KEPT, parse_text_file
+from analyzer.parse.logtext import parse_text_file
+from analyzer.parse.repeats import REPEATS_KEPT
 from tests import nccl_info_gen
 from tests.hostile_gen import measure
 

@@ -23,7 +23,7 @@ from analyzer.resources import data_dir
 
 SEVERITIES = frozenset({"error", "warning", "info"})
 FAMILIES = frozenset({"nccl", "nccl_warn"})
-# An NCCL WARN line is recognised by its header, whose level word is spelled `WARN` (logtext._NCCL).
+# An NCCL WARN line is recognised by its header, whose level word is spelled `WARN` (classify._NCCL).
 FAMILY_LITERALS = {"nccl_warn": ("WARN",)}
 _KEYS = frozenset({"kind", "severity", "family", "pattern", "literals", "prefilter", "generic", "collapse", "examples"})
 _REQUIRED = ("kind", "severity", "pattern", "examples")
@@ -46,7 +46,7 @@ class LineKind:
     # glog), nor to a line the benign vocabulary (category `none`) knows.
     generic: bool = False
     # A regex over the message: the part that differs between lines of one connection (`Channel 03/1`).
-    # Lines equal once it is removed are one event per writer and communicator (logtext.collapse_repeats).
+    # Lines equal once it is removed are one event per writer and communicator (repeats.collapse_repeats).
     collapse: str | None = None
 
 

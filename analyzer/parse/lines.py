@@ -163,7 +163,7 @@ def _peel_host_labels(frame: pl.DataFrame) -> pl.DataFrame:
 _WRAPPER = r"\[[a-z_]+\d+(?:\|\d+)?\]:"  # as `_PREFIX` reads the tee: `[trainer0|0]:` (role|replica)
 _NCCL_TS = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\] "  # NCCL_DEBUG_TIMESTAMP_FORMAT's default
 _NCCL_LEVEL = r" \[\d+\] (?:[\w/.\-]+\.(?:cc|cu|c|h|cpp|hpp):\d+ )?(?:\(\w+\) )?\**NCCL (?:INFO|WARN|TRACE|CALL|ERROR)\b"
-_HOST = r"[\w.\-<>]"  # what logtext's NCCL header accepts in a host name
+_HOST = r"[\w.\-<>]"  # what classify's NCCL header accepts in a host name
 _NCCL_HEADER = rf"{_HOST}+:\d+:\d+{_NCCL_LEVEL}"
 _QUOTES = "\"'`"
 # The vectorised test, on payloads holding a literal: a wrapper past the first character, or an

@@ -1,0 +1,80 @@
+"""Stage 2, parse (text logs): alike kept lines of one writer become one event (issues 18, 19).
+
+NCCL prints one connection line per channel and peer, and a looping writer can repeat a line
+millions of times; the lines of one writer, communicator and connection (or one verbatim line past
+its first REPEATS_KEPT) are aggregated on narrow keys before any costly field is extracted, so
+events grow with communicators, not with channels or repeats.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analyzer.parse.classify import LINE_KINDS, timestamp_columns, writer_columns
+
+# Kinds whose lines differ only in a part that says nothing (the channel number): that part's regex.
+COLLAPSE = {k.kind: k.collapse for k in LINE_KINDS if k.collapse}
+# A communicator's set-up starts and ends with these lines: connection lines between two of them in
+# one writer's stream belong to one communicator (the connection lines themselves do not name it).
+_COMM_BOUNDARY_KINDS = ("nccl.comm_init", "nccl.topology", "nccl.comm_teardown")
+# A line of any other kind repeated verbatim keeps its first few as events of their own (a summary
+# counting matching lines reads the same); the rest of the run becomes one event that counts them.
+REPEATS_KEPT = 8
+
+
+def same_message() -> pl.Expr:
+    """A 64-bit hash of the message without its kind's collapse part: lines that say one thing."""
+    kind = pl.col("kind")
+    same = pl.col("message")
+    for name, pattern in COLLAPSE.items():  # one branch per registry row, not per line
+        same = pl.when(kind == name).then(pl.col("message").str.replace(pattern, "")).otherwise(same)
+    return same.hash()
+
+
+def repeat_keys(year_hint: int) -> list[pl.Expr]:
+    """Narrow keys of a classified line for `collapse_repeats`: a 64-bit hash of its writer (file,
+    host, pid, tid, rank), whether it opens a communicator, how many of a run stay events of their
+    own, and its time (with `_same`, from `same_message`)."""
+    kind = pl.col("kind")
+    return [
+        pl.struct("file", *writer_columns()).hash().alias("_stream"),
+        kind.is_in(_COMM_BOUNDARY_KINDS).alias("_boundary"),
+        pl.when(kind.is_in(list(COLLAPSE))).then(0).otherwise(REPEATS_KEPT).alias("_kept_alone"),
+        timestamp_columns(year_hint)[0].alias("ts"),
+        "_same",
+    ]
+
+
+def collapse_repeats(keys: pl.DataFrame) -> pl.DataFrame:
+    """Which kept lines stay events: alike lines of one writer and communicator become one, the
+    first line's, with `repeat` (how many lines it stands for), `last_line` and `last_ts`; evidence
+    still cites a real line. Takes `repeat_keys` rows (with `_row`, `_class`, `line`, `part`, `kind`),
+    returns the survivors' `_row`, `_class` and `kind` in input order with the three columns (null:
+    one line).
+
+    A communicator is the stretch of one writer's stream between two boundary lines (`Init START`,
+    the `nRanks nNodes` line, teardown): connection lines do not name theirs. Collapsible kinds
+    are compared without their collapse part (one event per connection and transport, whatever the
+    channel count); any other kind only verbatim, and only past its first REPEATS_KEPT lines.
+    A hash collision would merge two rows' counts, at odds of about n^2 / 2^64.
+    """
+    keys = keys.with_row_index("_pos")
+    # Within one stream, file order is line order (the vocabulary's rows come after the lines).
+    keys = keys.sort("_stream", "line", "part").with_columns(pl.col("_boundary").cum_sum().over("_stream").alias("_comm"))
+    group = ["_stream", "_comm", "kind", "_same"]
+    keys = keys.with_columns((pl.int_range(pl.len()).over(group) < pl.col("_kept_alone")).alias("_alone"))
+    alone = keys.filter(pl.col("_alone")).select("_pos", "_row", "_class", "kind")
+    merged = keys.filter(~pl.col("_alone")).group_by(group).agg(
+        pl.col("_pos", "_row", "_class").first(),
+        pl.len().alias("_n"),
+        pl.col("line").last().alias("last_line"),
+        pl.col("ts").drop_nulls().last().alias("last_ts"),
+    )
+    several = pl.col("_n") > 1
+    merged = merged.select(
+        "_pos", "_row", "_class", "kind",
+        pl.when(several).then(pl.col("_n")).alias("repeat"),
+        pl.when(several).then(pl.col("last_line")).alias("last_line"),
+        pl.when(several).then(pl.col("last_ts")).alias("last_ts"),
+    )
+    return pl.concat([alone, merged], how="diagonal").sort("_pos").drop("_pos")
