@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(300, method="signal")
 
 # Smaller budgets for the test scale: the mechanism that bounds the full-size input, on a small one.
 PRELUDES = {
-    "kineto-without-separator": "import analyzer.parse.kineto as k; k.MAX_EVENT_BYTES = 8 << 20\n",
+    "kineto-without-separator": "import analyzer.parse.kineto_stream as k; k.MAX_EVENT_BYTES = 8 << 20\n",
     "nsys-many-rows": "import analyzer.parse.nsys as n; n.MAX_ROWS = 50_000\n",
     "fr-pickle-object-bomb": "import analyzer.io.budget as b; b.MEMORY_BUDGET_BYTES = 128 << 20\n",
     "nsys-generated-column": "",

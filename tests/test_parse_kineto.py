@@ -13,7 +13,7 @@ import pytest
 
 from analyzer.io import discover
 from analyzer.parse import parse_input
-from analyzer.parse.kineto import TraceFormatError, read_kineto
+from analyzer.parse.kineto_stream import TraceFormatError, read_kineto
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
 NCCL_NAME = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"

@@ -6,7 +6,7 @@ is filled in by correlate from NCCL's `host:pid` lines when the job's logs are t
 memcpys and memsets come from the CUPTI tables with their names resolved through `StringIds`,
 NVTX push/pop ranges give the steps (`step12`, `ProfilerStep#12`) and labels, and the CUDA
 runtime table gives the allocator calls. The rows are read in batches into polars frames and
-reduced by `analyzer.parse.kineto.summarize_timeline`, as Kineto traces are. The event a summary
+reduced by `analyzer.parse.trace_summary.summarize_timeline`, as Kineto traces are. The event a summary
 cites is located by its row: `line` is the rowid in its table (kernel, memcpy, memset or NVTX
 table) for an export, the line of the CSV report for `cuda_gpu_trace`.
 
@@ -37,7 +37,7 @@ from analyzer.bounds import cap_text, int64
 from analyzer.io import InputFile, iter_text_chunks
 from analyzer.events import empty_events, events_from_records
 from analyzer.parse.budget import check_time, time_left
-from analyzer.parse.kineto import FREE_CALLS, MALLOC_CALLS, NCCL_KERNEL, STEP_NAME, summarize_timeline
+from analyzer.parse.trace_summary import FREE_CALLS, MALLOC_CALLS, NCCL_KERNEL, STEP_NAME, summarize_timeline
 
 FETCH_ROWS = 100_000
 # Rows read from one table: a GPU timeline of a few profiled steps is well under a million kernels;
