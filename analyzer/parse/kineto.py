@@ -24,6 +24,7 @@ from analyzer.parse.trace_summary import summarize_timeline
 
 
 def parse_kineto(item: InputFile) -> pl.DataFrame:
+    """The summary events of one trace; why a trace read only in part, or gave nothing, lands on `item.reason`."""
     with item.open_bytes() as fh:
         kept, meta = read_kineto(fh)
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}

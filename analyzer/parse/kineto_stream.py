@@ -80,6 +80,8 @@ class TraceFormatError(ValueError):
 
 @dataclass
 class TraceMeta:
+    """What the stream learnt besides the kept events: the members around the array and its counts."""
+
     header: dict = field(default_factory=dict)
     trailer: dict = field(default_factory=dict)
     slow_blocks: int = 0  # blocks decoded event by event because the fast cut did not parse
