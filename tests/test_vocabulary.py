@@ -230,3 +230,68 @@ def test_a_store_unreachable_before_any_crash_stays_the_network_failure(tmp_path
     assert report["verdict"]["category"] == "network_unreachable_or_firewall"
     closed = next(f for f in report["findings"] if f["rule_id"] == "peer-connection-closed")
     assert closed["caused_by"] == [report["verdict"]["rule_id"]]
+
+
+# --- PyTorch c10d / elastic / DDP / FSDP texts (vocabularies/pytorch_c10d.csv) -------------------------
+
+C10D_HEADERS = (  # the prefixes ProcessGroupNCCL's lines carried over the releases
+    "",
+    "[E ProcessGroupNCCL.cpp:587] ",  # 1.10-2.1
+    "[rank1]:[E ProcessGroupNCCL.cpp:523] ",  # 2.2-2.3
+    "[rank1]:[E1003 18:37:01.833575187 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 1] ",  # 2.4
+    "[rank3]:[E710 18:00:32.426302794 ProcessGroupNCCL.cpp:2395] [PG ID 0 PG GUID 0(default_pg) Rank 3] ",  # 2.5+
+)
+
+
+def categories_mid_file(tmp_path: Path, lines: list[str]) -> list[str | None]:
+    """Each line between two ordinary lines; the vocabulary category each line came out as."""
+    neutral = "the training loop goes on with the next batch"
+    (tmp_path / "rank.log").write_text("".join(f"{neutral}\n{line}\n" for line in lines) + f"{neutral}\n")
+    (item,) = discover(tmp_path)
+    events = parse_text_file(item, 2026)
+    got = dict(events.filter(pl.col("kind").str.starts_with("vocab.")).select("line", pl.col("kind").str.strip_prefix("vocab.")).rows())
+    return [got.get(2 * i + 2) for i in range(len(lines))]
+
+
+def test_c10d_rows_name_their_releases_within_the_covered_range():
+    rows = ROWS.filter(pl.col("file") == "pytorch_c10d.csv")
+    assert rows.height >= 80
+    for rid, versions in rows.select("id", "versions").rows():
+        found = re.fullmatch(r"PyTorch (\d+)\.(\d+)-(\d+)\.(\d+)", versions)
+        assert found, (rid, versions)
+        first, last = (int(found[1]), int(found[2])), (int(found[3]), int(found[4]))
+        assert first <= last <= (2, 13), (rid, versions)
+
+
+def test_c10d_families_are_covered():
+    ids = set(ROWS.filter(pl.col("file") == "pytorch_c10d.csv").get_column("id"))
+    for family in ("pytorch-c10d/watchdog-timeout-", "pytorch-c10d/detail-", "pytorch-c10d/gloo-", "pytorch-c10d/store-based-barrier",
+                   "pytorch-c10d/recv-0-bytes", "pytorch-ddp/", "pytorch-fsdp/", "pytorch-elastic/", "pytorch-c10d/dump-signal"):
+        assert any(i.startswith(family) for i in ids), family
+
+
+def test_each_watchdog_wording_is_a_timeout_under_every_header(tmp_path):
+    bodies = [
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(OpType=BROADCAST, Timeout(ms)=1800000) ran for 1806483 milliseconds before timing out.",
+        "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1803411 milliseconds before timing out.",
+        "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=57, OpType=ALLGATHER, NumelIn=1, NumelOut=4, Timeout(ms)=600000) ran for 600038 milliseconds before timing out.",
+        "Timeout at NCCL work: 6463, last enqueued NCCL work: 6463, last completed NCCL work: 6462.",
+        "Received a dump signal due to a collective timeout from this local rank and we will try our best to dump the debug info. Last enqueued NCCL work: 5, last completed NCCL work: 4.",
+    ]
+    lines = [header + body for header in C10D_HEADERS for body in bodies]
+    assert categories_mid_file(tmp_path, lines) == ["nccl_timeout"] * len(lines)
+
+
+def test_narrow_c10d_benign_rows_leave_the_failing_wordings_alone(tmp_path):
+    benign = "[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 (errno: 99 - Cannot assign requested address)."
+    failing = "[W socket.cpp:663] [c10d] The client socket has failed to connect to [::ffff:10.0.0.1]:29500 (errno: 110 - Connection timed out)."
+    at_exit = ('[rank3]:[W825 07:38:02.806977494 ProcessGroupNCCL.cpp:1662] [PG ID 0 PG GUID 0(default_pg) Rank 3] Failed to check the "should dump" '
+               "flag on TCPStore, (maybe TCPStore server has shut down too early), with error: failed to recv, got 0 bytes")
+    store_gone = ("[rank1]:[W310 15:54:45.574839167 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=86, addr=[localhost]:54074, "
+                  "remote=[localhost]:29500): Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?")
+    assert categories_mid_file(tmp_path, [benign, failing, at_exit, store_gone]) == ["none", "network_unreachable_or_firewall", "none", "other"]
+
+
+def test_a_sigkill_in_the_torchrun_table_is_the_kill_and_other_signals_name_no_cause(tmp_path):
+    got = categories_mid_file(tmp_path, ["  traceback : Signal 9 (SIGKILL) received by PID 36072", "  traceback : Signal 6 (SIGABRT) received by PID 2179"])
+    assert got == ["host_oom_or_killed", "other"]
