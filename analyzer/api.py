@@ -20,12 +20,14 @@ import polars as pl
 from analyzer import __version__
 from analyzer.analyses import JobContext
 from analyzer.categories import outcome_of
-from analyzer.correlate import JobFacts, correlate
+from analyzer.facts import JobFacts, correlate, job_context
+from analyzer.facts.checkpoint_audit import report_records
+from analyzer.facts.hostfacts import host_fact_records
+from analyzer.knownissues import notes_by_host
 from analyzer.decide import decide
 from analyzer.detect import detect, format_ranks
 from analyzer.io import STDIN, DiscoveryError, InputFile, discover
-from analyzer.exits import INPUT_ERRORS
-from analyzer.gpus import culprit_gpus
+from analyzer.facts.gpus import culprit_gpus
 from analyzer.parse import TEXT_FORMATS, parse_inputs
 from analyzer.report import (SCHEMA_VERSION, Checkpoint, CulpritGpu, Evidence, Finding, HostFacts, InputRecord, Job,
                              Report, TimeSpan, Verdict, document, from_record)
@@ -73,17 +75,17 @@ def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()
     _record_input_ranks(events, inputs)
     rules = rules_by_id()
     root = None if str(path) == STDIN else str(path)  # standard input has no directory to audit
-    job = facts.context(events, root=root, checkpoint_paths=tuple(map(str, checkpoint_paths)))
+    job = job_context(events, facts, root=root, checkpoint_paths=tuple(map(str, checkpoint_paths)))
     detection = detect(events, job)
     decision = decide(detection.findings, rules)
-    checkpoints = _checkpoint_records(events, job, detection.problems)
+    checkpoints = _checkpoint_records(job, detection.problems)
     if not (decision.ranked.height or checkpoints or _holds_training_lines(events, inputs)):
         source = sum(item.format == "source" for item in inputs)  # sniffed, then set aside as code
         read = sum(item.status in _READ for item in inputs) + source
         raise NoTrainingLogs(f"{path}: no training logs found: {read} file{'s' if read != 1 else ''} read, "
                              "none of a known format" + (f" ({source} source code or markup)" if source else ""))
     model = build_report(str(path), events, decision.ranked, decision.verdict_rule, facts, inputs, rules, detection.problems,
-                         checkpoints)
+                         checkpoints, _host_fact_records(events, job))
     return Analysis(events, decision.ranked, facts, inputs, model)
 
 
@@ -117,6 +119,7 @@ def build_report(
     rules: dict[str, Rule],
     problems: list[str],
     checkpoints: list[dict] | None = None,
+    host_facts: list[dict] | None = None,
 ) -> Report:
     by_id = events.select("event_id", "file", "line", "rank", "text").rows_by_key("event_id", named=True, unique=True)
     shown: set[tuple[str, int]] = set()  # each line is evidence once: under the best-ranked finding that cites it
@@ -134,7 +137,7 @@ def build_report(
         ranks=facts.ranks,
         hosts=facts.hosts,
         outcome=_outcome(verdict.category, events, inputs),
-        host_facts=[from_record(HostFacts, r) for r in _host_fact_records(events, problems)],
+        host_facts=[from_record(HostFacts, r) for r in host_facts or []],
     )
     return Report(
         schema_version=SCHEMA_VERSION,
@@ -148,23 +151,16 @@ def build_report(
     )
 
 
-def _checkpoint_records(events: pl.DataFrame, job: JobContext, problems: list[str]) -> list[dict] | None:
-    """The checkpoint table for the report; the checkpoint_audit analysis read the same files (cached)."""
-    from analyzer.checkpoint_audit import audit_job, report_records
-
-    try:
-        return report_records(audit_job(events, job))
-    except INPUT_ERRORS as exc:  # the audit reads files: one it cannot take must not cost the rest of the report
-        problems.append(f"checkpoint audit failed: {type(exc).__name__}: {exc}")
-        return None
+def _checkpoint_records(job: JobContext, problems: list[str]) -> list[dict] | None:
+    """The checkpoint table for the report: the facts stage's audit, which the analysis read too."""
+    if job.checkpoint_problem:
+        problems.append(job.checkpoint_problem)
+    return None if job.checkpoints is None else report_records(job.checkpoints)
 
 
-def _host_fact_records(events: pl.DataFrame, problems: list[str]) -> list[dict]:
+def _host_fact_records(events: pl.DataFrame, job: JobContext) -> list[dict]:
     """Per-host facts table (versions, plugin, env, GPUs) with the cells that differ named."""
-    from analyzer.hostfacts import host_fact_records
-    from analyzer.knownissues import notes_by_host
-
-    return host_fact_records(events, notes_by_host(events))
+    return host_fact_records(job.host_facts, notes_by_host(events, job.host_facts))
 
 
 def _finding(row: dict, rule: Rule, by_id: dict, shown: set[tuple[str, int]]) -> Finding:

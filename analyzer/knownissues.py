@@ -11,7 +11,7 @@ compile or an entry without its own test stacks are load errors naming the file 
 
 Everything here is a pure function returning polars frames:
 
-- `host_versions(events)`: (host, component, version, event_ids) from the host facts;
+- `host_versions(events, host_facts)`: (host, component, version, event_ids) from the host facts;
 - `affected(versions)`: (host, issue_id, versions) for every entry whose ranges all hold;
 - `stack_versions(stack)`: the same frame for a stack given by hand (the CLI, tests);
 - `markdown_table()`: the README table (`python -m analyzer.knownissues --markdown`).
@@ -33,9 +33,10 @@ import polars as pl
 
 from analyzer.resources import data_dir
 from analyzer.categories import CATEGORIES
+from analyzer.facts.hostfacts import HostFacts, host_facts, observations, unit_facts
 from analyzer.rules import catalogue
 
-# Component -> the host fact (analyzer.hostfacts) that states its version.
+# Component -> the host fact (analyzer.facts.hostfacts) that states its version.
 COMPONENTS: dict[str, str] = {
     "nccl": "nccl_version",
     "nccl-cuda": "nccl_build",  # the CUDA an NCCL build was compiled for (`+cuda12.3`)
@@ -323,12 +324,10 @@ def stack_versions(stack: dict[str, str], host: str = "stack") -> pl.DataFrame:
     return pl.DataFrame(rows, schema=VERSIONS_SCHEMA)
 
 
-def host_versions(events: pl.DataFrame) -> pl.DataFrame:
+def host_versions(events: pl.DataFrame, facts: HostFacts) -> pl.DataFrame:
     """(host, component, version, event_ids) of a job, from the host facts; lines whose host no
     source names count as one host, NO_HOST (a pasted log often names none)."""
-    from analyzer.hostfacts import host_facts, host_facts_of, observations, unit_facts
-
-    named = host_facts_of(events).hosts.select("host", "fact", "value", "event_ids")
+    named = facts.hosts.select("host", "fact", "value", "event_ids")
     hostless = events.filter(pl.col("host").is_null())
     frames = [named]
     if hostless.height:
@@ -346,10 +345,10 @@ def host_versions(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def host_notes(events: pl.DataFrame) -> pl.DataFrame:
+def host_notes(events: pl.DataFrame, facts: HostFacts) -> pl.DataFrame:
     """(host, issue_id, component, versions, fixed_in, title, facts): every entry a host's versions
     fall in, symptom or not: the report's info-level note and the facts table's marks."""
-    hits = affected(host_versions(events))
+    hits = affected(host_versions(events, facts))
     if hits.height == 0:
         return hits.select("host", "issue_id", "versions")
     issues = by_id()
@@ -378,12 +377,12 @@ def markdown_table(issues: tuple[KnownIssue, ...] | None = None) -> str:
         lines.append(f"| `{issue.id}` | {cell} | {issue.fixed_in} | {issue.category} | {symptom} | {sources} |")
     return "\n".join(lines) + "\n"
 
-def notes_by_host(events: pl.DataFrame) -> dict[str, list[dict]]:
+def notes_by_host(events: pl.DataFrame, facts: HostFacts) -> dict[str, list[dict]]:
     """Per host, the known-issue entries its versions fall in (the report's info-level note; a
     symptom that shows makes the entry a finding in detect). A lookup of versions in the table
     (`host_notes`), not a judgement of the run; the report's host facts carry them."""
     notes: dict[str, list[dict]] = {}
-    for row in host_notes(events).iter_rows(named=True):  # one row per (host, affected entry)
+    for row in host_notes(events, facts).iter_rows(named=True):  # one row per (host, affected entry)
         notes.setdefault(row["host"], []).append(
             {"id": row["issue_id"], "versions": row["versions"], "fixed_in": row["fixed_in"], "title": row["title"],
              "facts": row["facts"], "severity": "info"}

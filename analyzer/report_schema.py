@@ -45,7 +45,7 @@ def enum_values(name: str) -> list:
     if name == "category":
         return list(category_ids())
     if name == "checkpoint_component":
-        from analyzer.checkpoint_audit import COMPONENTS
+        from analyzer.facts.checkpoint_audit import COMPONENTS
 
         return list(COMPONENTS)
     raise KeyError(f"no enum named {name!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from analyzer.correlate import correlate
+from analyzer.facts.correlate import correlate
 from analyzer.io import discover
 from analyzer.parse import parse_inputs
 from analyzer.rules import Rule, catalogue

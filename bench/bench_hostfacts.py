@@ -31,7 +31,7 @@ from analyzer.analyses.environment import (  # noqa: E402
     torch_drift,
 )
 from analyzer.events import EVENT_SCHEMA  # noqa: E402
-from analyzer.hostfacts import fact_table, host_fact_records, host_facts_of  # noqa: E402
+from analyzer.facts.hostfacts import derive_host_facts, fact_table, host_fact_records  # noqa: E402
 
 
 def synthetic_events(hosts: int, per_host: int, channels: int) -> pl.DataFrame:
@@ -96,13 +96,14 @@ def main() -> None:
     args = parser.parse_args()
     events = synthetic_events(args.hosts, args.per_host, args.channels)
     world = args.hosts * args.per_host
+    facts = derive_host_facts(events)
     job = JobContext(world_size=world, ranks=tuple(range(world)),
-                     rank_hosts={r: f"node-{r // args.per_host:05d}" for r in range(world)})
+                     rank_hosts={r: f"node-{r // args.per_host:05d}" for r in range(world)}, host_facts=facts)
     print(f"{events.height:,} events, {args.hosts} hosts, {world} ranks")
     steps = [
-        ("facts (observations, units, hosts)", lambda: host_facts_of(events)),
-        ("fact_table", lambda: fact_table(events)),
-        ("host_fact_records", lambda: host_fact_records(events)),
+        ("facts (observations, units, hosts)", lambda: derive_host_facts(events)),
+        ("fact_table", lambda: fact_table(facts)),
+        ("host_fact_records", lambda: host_fact_records(facts)),
         *[(fn.__name__, lambda fn=fn: fn(events, job)) for fn in
           (nccl_stack_drift, env_drift, driver_drift, torch_drift, identical_hostnames, gpu_heterogeneity)],
     ]

@@ -10,13 +10,23 @@ import pytest
 from analyzer.analyses import JobContext
 from analyzer.analyses.environment import env_drift, gpu_heterogeneity, identical_hostnames, nccl_stack_drift
 from analyzer.api import analyze
-from analyzer.correlate import correlate
+from analyzer.facts.correlate import correlate
+from analyzer.facts.hostfacts import derive_host_facts
 from tests.driftgen import build
 from tests.test_hostfacts import nccl_process, records, write_job
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schema" / "report.schema.json").read_text())
 DRIFT_RULES = ("nccl-stack-differs-across-hosts", "drift-")
+
+
+def context(events, **job):
+    """The context detect gets, with the host facts the facts stage derives from `events`."""
+    return JobContext(host_facts=derive_host_facts(events), **job)
+
+
+def job_and_context(events):
+    return events, context(events)
 
 
 def drift_findings(report):
@@ -188,7 +198,7 @@ def test_old_nccl_interface_lines_with_two_addresses_under_one_name():
         {"host": "node1", "pid": pid, "kind": "nccl.net", "message": f"NET : Using interface eth1:{ip}<0>"}
         for pid, ip in ((18225, "100.102.32.176"), (18226, "100.102.32.176"), (22670, "100.102.32.175"), (22671, "100.102.32.175"))
     ])
-    found = identical_hostnames(events, JobContext()).row(0, named=True)
+    found = identical_hostnames(events, context(events)).row(0, named=True)
     assert found["hosts"] == ["node1"]
     assert "100.102.32.175 (pids 22670,22671), 100.102.32.176 (pids 18225,18226)" in found["summary"]
 
@@ -199,7 +209,7 @@ def test_local_rank_count_below_the_ranks_of_a_name():
          "message": f"comm 0x1 rank {r} nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"}
         for r in (0, 1)
     ])
-    found = identical_hostnames(events, JobContext(world_size=2, rank_hosts={0: "mtk", 1: "mtk"}))
+    found = identical_hostnames(events, context(events, world_size=2, rank_hosts={0: "mtk", 1: "mtk"}))
     assert found.select("rule_id", "hosts", "ranks").rows() == [("drift-identical-hostnames", ["mtk"], [0, 1])]
 
 
@@ -229,7 +239,7 @@ def _gpu_job(oom_host="v100", bf16_host=None):
 
 
 def test_oom_on_the_smallest_cards_of_a_mixed_pool():
-    found = gpu_heterogeneity(_gpu_job(), JobContext())
+    found = gpu_heterogeneity(*job_and_context(_gpu_job()))
     by_rule = {row["rule_id"]: row for row in found.iter_rows(named=True)}
     assert (by_rule["drift-oom-on-smallest-gpus"]["ranks"], by_rule["drift-oom-on-smallest-gpus"]["hosts"]) == ([2], ["v100"])
     assert "32 GiB against 80 GiB" in by_rule["drift-oom-on-smallest-gpus"]["summary"]
@@ -238,13 +248,13 @@ def test_oom_on_the_smallest_cards_of_a_mixed_pool():
 
 
 def test_oom_on_a_large_card_is_not_blamed_on_the_pool():
-    found = gpu_heterogeneity(_gpu_job(oom_host="a100-1"), JobContext())
+    found = gpu_heterogeneity(*job_and_context(_gpu_job(oom_host="a100-1")))
     assert "drift-oom-on-smallest-gpus" not in found.get_column("rule_id").to_list()
     assert "drift-gpu-models-differ" in found.get_column("rule_id").to_list()
 
 
 def test_bf16_on_cards_without_it():
-    found = gpu_heterogeneity(_gpu_job(oom_host=None, bf16_host="v100"), JobContext())
+    found = gpu_heterogeneity(*job_and_context(_gpu_job(oom_host=None, bf16_host="v100")))
     bf16 = found.filter(pl.col("rule_id") == "drift-bf16-unsupported-gpu").row(0, named=True)
     assert bf16["hosts"] == ["v100"] and bf16["ranks"] == [2]
     assert "Tesla V100-SXM2-32GB" in bf16["summary"] and "NVIDIA A100-SXM4-80GB" in bf16["summary"]
@@ -252,9 +262,9 @@ def test_bf16_on_cards_without_it():
 
 def test_one_gpu_model_everywhere_is_no_finding():
     events = _gpu_job(oom_host=None).filter(~pl.col("file").str.starts_with("v100"))
-    assert gpu_heterogeneity(events, JobContext()).height == 0
-    assert env_drift(events, JobContext()).height == 0
-    assert nccl_stack_drift(events, JobContext()).height == 0
+    assert gpu_heterogeneity(events, context(events)).height == 0
+    assert env_drift(events, context(events)).height == 0
+    assert nccl_stack_drift(events, context(events)).height == 0
 
 
 SINGLE_HOST_RUN = [

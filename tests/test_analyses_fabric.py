@@ -6,7 +6,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext
 from analyzer.analyses.fabric import ib_port_state
-from analyzer.correlate import correlate
+from analyzer.facts.correlate import correlate
 from analyzer.events import concat_events, events_from_records
 from analyzer.parse.lines import lines_frame_many
 from analyzer.parse.nodestate import node_state_events

@@ -1,4 +1,4 @@
-"""The checkpoint audit (analyzer.checkpoint_audit, reading through analyzer.parse.checkpoints) on checkpoints made with torch itself, on CPU.
+"""The checkpoint audit (analyzer.facts.checkpoint_audit, reading through analyzer.parse.checkpoints) on checkpoints made with torch itself, on CPU.
 
 Builders here write real torch.save files (zip and legacy), a two-rank torch.distributed.checkpoint
 save (per-rank shard files and the global .metadata), DeepSpeed- and Hugging Face-shaped folders, and then break them the
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from analyzer.checkpoint_audit import COMPONENTS, audit
+from analyzer.facts.checkpoint_audit import COMPONENTS, audit
 from analyzer.parse.checkpoints.symbolic import classify_global, read_pickle_symbolically
 
 ALL_STATE = [c for c in COMPONENTS if c != "grad_scaler"]

@@ -10,7 +10,7 @@ import polars as pl
 from rich.console import Console
 
 from analyzer.api import analyze
-from analyzer.correlate import correlate
+from analyzer.facts.correlate import correlate
 from analyzer.events import events_from_records
 from analyzer.render.text import render_text
 

@@ -1,4 +1,4 @@
-"""Physical GPU identity (analyzer/gpus.py): the culprits' GPUs as the logs print them, never a
+"""Physical GPU identity (analyzer/facts/gpus.py): the culprits' GPUs as the logs print them, never a
 logical index taken for a physical one."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from analyzer.api import SCHEMA_VERSION, analyze
-from analyzer.correlate import correlate
+from analyzer.facts.correlate import correlate
 from analyzer.events import events_from_records
-from analyzer.gpus import LOGICAL_ONLY, gpu_label, rank_gpus
+from analyzer.facts.gpus import LOGICAL_ONLY, gpu_label, rank_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 

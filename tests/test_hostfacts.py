@@ -1,20 +1,20 @@
-"""The per-host facts table (analyzer/hostfacts.py): what each host and rank ran on."""
+"""The per-host facts table (analyzer/facts/hostfacts.py): what each host and rank ran on."""
 
 import polars as pl
 import pytest
 
 from analyzer.api import analyze
 from analyzer.events import events_from_records
-from analyzer.hostfacts import (
+from analyzer.facts.hostfacts import (
     UNSET,
     address_clashes,
     fact_table,
     host_fact_records,
-    host_facts_of,
+    derive_host_facts,
     observations,
     transport_pairs,
 )
-from analyzer.correlate import correlate
+from analyzer.facts.correlate import correlate
 from tests.driftgen import build
 
 
@@ -72,7 +72,7 @@ def test_facts_of_a_real_two_node_run(tmp_path):
 
 def test_fact_table_is_a_frame_with_the_differing_cells_named(tmp_path):
     events = analyze(build("nccl_version", tmp_path)).events
-    table = fact_table(events)
+    table = fact_table(derive_host_facts(events))
     assert isinstance(table, pl.DataFrame)
     assert table.get_column("host").to_list() == ["node-a", "node-b"]
     assert table.get_column("nccl_version").to_list() == ["2.28.9", "2.27.7"]
@@ -120,7 +120,7 @@ def test_nccl_version_inside_an_error_counts_but_not_against_the_full_line():
         {"file": "b.log", "host": "b", "rank": 1, "kind": "traceback.exception",
          "message": "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1269, unhandled system error, NCCL version 2.14.3"},
     ])
-    rows = {r["host"]: r for r in host_fact_records(events)}
+    rows = {r["host"]: r for r in host_fact_records(derive_host_facts(events))}
     assert rows["a"]["nccl_version"] == rows["b"]["nccl_version"] == "2.14.3"
     assert rows["a"]["nccl_build"] == "cuda11.7" and rows["b"]["nccl_build"] is None
     assert rows["a"]["differs"] == rows["b"]["differs"] == []
@@ -142,7 +142,7 @@ def test_gpu_facts_from_nvidia_smi_torch_and_oom_lines():
         {"file": "node-c/train.log", "host": "node-c", "rank": 2, "kind": "log.last", "message": "PyTorch version: 2.1.0+cu121"},
     ])
     events = correlate(events.drop("event_id"), [])[0]
-    rows = {r["host"]: r for r in host_fact_records(events)}
+    rows = {r["host"]: r for r in host_fact_records(derive_host_facts(events))}
     # The nvidia-smi file has no host of its own: correlate takes it from its directory's name.
     assert (rows["node-a"]["gpu_model"], rows["node-a"]["gpu_memory"], rows["node-a"]["driver_version"]) == ("NVIDIA A100-SXM4-80GB", "80 GiB", "535.104.05")
     assert rows["node-a"]["cuda_driver"] == "12.2"
@@ -150,7 +150,7 @@ def test_gpu_facts_from_nvidia_smi_torch_and_oom_lines():
     assert rows["node-b"]["gpu_memory"] == "80 GiB"
     assert (rows["node-c"]["gpu_model"], rows["node-c"]["gpu_memory"], rows["node-c"]["torch_version"]) == ("Tesla V100-SXM2-32GB", "32 GiB", "2.1.0+cu121")
     assert "gpu_memory" in rows["node-c"]["differs"] and "gpu_memory" not in rows["node-a"]["differs"]
-    oom = host_facts_of(events).units.filter(pl.col("fact") == "oom")
+    oom = derive_host_facts(events).units.filter(pl.col("fact") == "oom")
     assert oom.select("host", "rank").rows() == [("node-b", 1)]
 
 
@@ -168,7 +168,7 @@ def test_transport_pairs_of_every_era():
 
 def test_address_clash_means_several_machines(tmp_path):
     result = analyze(build("identical_hostnames", tmp_path))
-    clashes = address_clashes(host_facts_of(result.events).observations)
+    clashes = address_clashes(derive_host_facts(result.events).observations)
     assert clashes.select("host", "iface", "ip", "ranks").rows() == [("trainer", "eth0", "192.0.2.11", [0]), ("trainer", "eth0", "192.0.2.12", [1])]
     facts = by_host(result)["trainer"]
     assert facts["duplicate_name"] is True and "addresses" in facts["differs"]
@@ -177,7 +177,7 @@ def test_address_clash_means_several_machines(tmp_path):
 def test_no_events_no_table():
     empty = records([{"host": "a", "kind": "log.last", "message": "hello"}])
     assert observations(empty).height == 0
-    assert host_fact_records(empty) == []
+    assert host_fact_records(derive_host_facts(empty)) == []
 
 
 @pytest.mark.parametrize("line", [
@@ -187,10 +187,10 @@ def test_no_events_no_table():
 ])
 def test_bf16_refusals_are_flagged(line):
     events = records([{"host": "a", "rank": 0, "kind": "traceback.exception", "message": line}])
-    assert host_facts_of(events).units.filter(pl.col("fact") == "bf16_unsupported").height == 1
+    assert derive_host_facts(events).units.filter(pl.col("fact") == "bf16_unsupported").height == 1
 
 
 @pytest.mark.parametrize("line", ["Using bf16 mixed precision", "bf16: True", "torch_dtype=torch.bfloat16 loaded in 3.2 s"])
 def test_bf16_use_is_not_a_refusal(line):
     events = records([{"host": "a", "rank": 0, "kind": "log.last", "message": line}])
-    assert host_facts_of(events).units.filter(pl.col("fact") == "bf16_unsupported").height == 0
+    assert derive_host_facts(events).units.filter(pl.col("fact") == "bf16_unsupported").height == 0

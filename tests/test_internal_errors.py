@@ -184,9 +184,9 @@ def test_an_import_error_in_one_analysis_exits_3(monkeypatch):
 
 
 def test_a_report_building_fault_exits_3(monkeypatch):
-    import analyzer.hostfacts as hostfacts
+    import analyzer.api as api
 
-    monkeypatch.setattr(hostfacts, "host_fact_records", _raise(KeyError("nccl_version")))
+    monkeypatch.setattr(api, "host_fact_records", _raise(KeyError("nccl_version")))
     assert_internal_error(run("analyze", CASE, "--format", "json"), "KeyError")
 
 

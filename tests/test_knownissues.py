@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from analyzer.analyses.known_issues import known_issues
-from analyzer.correlate import correlate
+from analyzer.facts.correlate import correlate
 from analyzer.io import discover
 from analyzer.knownissues import (
     KnownIssueError,

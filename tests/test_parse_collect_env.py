@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.correlate import correlate
+from analyzer.facts.correlate import correlate
 from analyzer.io import discover
-from analyzer.hostfacts import host_fact_records
+from analyzer.facts.hostfacts import derive_host_facts, host_fact_records
 from analyzer.parse import parse_inputs
 
 OLD_LAYOUT = """Collecting environment information...
@@ -67,7 +67,7 @@ def _job(tmp_path: Path, files: dict[str, str]) -> tuple[list, list[dict]]:
 
 def _facts(tmp_path, files) -> dict:
     _, events = _job(tmp_path, files)
-    records = host_fact_records(events)
+    records = host_fact_records(derive_host_facts(events))
     assert len(records) == 1
     return records[0]
 

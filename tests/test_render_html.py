@@ -25,7 +25,10 @@ from click.testing import CliRunner
 from analyzer.api import analyze
 from analyzer.cli import main
 from analyzer.render import html as html_mod
+from analyzer.render import page as page_mod
 from analyzer.render.html import render_html, write_html
+from analyzer.render.timeline_payload import embedded
+from analyzer.rules import rules_by_id
 from tests.browser_util import headless_chromium, unavailable_reason
 from tests.driftgen import build as build_drift
 from tests.synth_job import SCRIPT_TAG, write_job
@@ -326,10 +329,10 @@ def test_duplicate_hostname_and_rank_disagreement_are_flagged(drift):
 
 def test_many_hosts_fold_into_a_few_rows(tmp_path):
     """2,048 hosts from the host-facts benchmark's frame, one in 64 with another NCCL and no plugin."""
-    from analyzer.hostfacts import host_fact_records
+    from analyzer.facts.hostfacts import derive_host_facts, host_fact_records
     from bench.bench_hostfacts import synthetic_events
 
-    records = host_fact_records(synthetic_events(2048, 1, 1))
+    records = host_fact_records(derive_host_facts(synthetic_events(2048, 1, 1)))
     odd = [r["host"] for r in records if r["differs"]]
     assert len(odd) == 32
     plain = render_html(with_host_facts(analyze(HEALTHY), []))
@@ -425,13 +428,15 @@ def test_no_checkpoint_section_without_an_audit_and_a_note_without_checkpoints(t
 
 
 @pytest.mark.slow
-def test_wheel_ships_plotly_and_the_page_assets(tmp_path):
+def test_wheel_ships_plotly_the_page_assets_and_templates(tmp_path):
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path), str(ROOT)],
                    check=True, capture_output=True)
     (wheel,) = tmp_path.glob("postmortem-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("analyzer/render/vendor/plotly-basic.min.js", "analyzer/render/vendor/LICENSE-plotly.js.txt",
-                   "analyzer/render/assets/report.js", "analyzer/render/assets/report.css"):
+                   "analyzer/render/assets/report.js", "analyzer/render/assets/report.css",
+                   "analyzer/render/templates/base.html.j2", "analyzer/render/templates/report.html.j2",
+                   "analyzer/fleet/templates/fleet.html.j2", "analyzer/fleet/assets/fleet.css"):
         assert needed in names
 
 
@@ -458,6 +463,128 @@ def test_step_time_panel_only_with_trace_step_times():
     assert sorted(set(steps["rank"])) == [0, 1] and {r for r, c in zip(steps["rank"], steps["culprit"]) if c} == set(culprits)
     hang = render_html(analyze(HANG))
     assert 'id="steps"' not in hang and "steps" not in embedded_payload(hang)
+
+
+# --- templates: one base, autoescaping, Markdown, data elements -----------------------------------
+
+HOSTILE = '"><img src=x onerror=alert(9)></script><script>alert(9)</script>'
+HOSTILE_SHOWN = "&#34;&gt;&lt;img src=x onerror=alert(9)&gt;&lt;/script&gt;&lt;script&gt;alert(9)&lt;/script&gt;"
+HOSTILE_MARKDOWN = HOSTILE_SHOWN.replace("&#34;", "&quot;")  # markdown-it's escape of the same text
+# What the base template writes on every page, in this order, whatever the page.
+BASE_SKELETON = ("<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+                 '<meta http-equiv="Content-Security-Policy" content="', '<meta name="viewport"',
+                 '<meta name="referrer" content="no-referrer">', '<meta name="generator" content="postmortem ',
+                 "<title>", "<style>", "</head>", "<body>", "<header>", "<h1>", "</header>", "<main>", "</main>",
+                 '<footer class="pm-footer">postmortem ', "</body>", "</html>")
+
+
+def hostile_report(analysis):
+    """The analysis with markup in every kind of string the page shows from a report: the job path,
+    a culprit host, an evidence line's file, rank and text, a finding's title, summary and
+    remediation, an input's file and reason, an analyzer problem."""
+    report = json.loads(json.dumps(analysis.report))
+    report["job"]["path"] = f"/jobs/{HOSTILE}"
+    verdict = report["verdict"]
+    verdict["culprit_hosts"] = [HOSTILE]
+    verdict["evidence"][0].update(file=HOSTILE, rank=HOSTILE, text=HOSTILE)
+    for f in report["findings"]:
+        f.update(title=HOSTILE, summary=HOSTILE, hosts=[HOSTILE],
+                 remediation=f"1. first {HOSTILE}\n2. `{HOSTILE}`\n\n{HOSTILE}\n\n[x](javascript:alert(9)) ![i](x.png)")
+    report["inputs"][0].update(file=HOSTILE, reason=HOSTILE)
+    report["problems"] = [HOSTILE]
+    analysis.report = report
+    return analysis
+
+
+class Elements(HTMLParser):
+    """Every element of a page as (tag, attribute names)."""
+
+    def __init__(self, page: str):
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[str, set[str]]] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.found.append((tag, {name for name, _ in attrs}))
+
+
+def tag_lines(page: str) -> list[str]:
+    return [line for line in re.sub(r">\s*<", ">\n<", outside_scripts(page)).split("\n") if line]
+
+
+def base_skeleton(page: str) -> list[str]:
+    """The base template's lines of a page, in page order."""
+    return [start for line in tag_lines(page) for start in BASE_SKELETON if line.startswith(start)]
+
+
+def test_markup_in_every_report_string_is_text():
+    page = render_html(hostile_report(analyze(HANG)))
+    html_only = outside_scripts(page)
+    assert "<img" not in html_only and "alert(9)</script>" not in page
+    assert len(re.findall(r"<script\b", page)) == 3  # data, plotly.js, the report's script: none injected
+    elements = Elements(page).found
+    assert [tag for tag, _ in elements if tag in ("img", "a", "iframe", "object")] == []  # none from the Markdown either
+    assert [tag for tag, attrs in elements if attrs & {"src", "href", "action", "onerror", "onload"}] == []
+    assert f"<title>postmortem: rank_absent_from_collective - /jobs/{HOSTILE_SHOWN}</title>" in page
+    verdict = page[page.index('<section id="verdict"'):page.index('<section id="findings"')]
+    assert f'<span class="culprit">{HOSTILE_SHOWN}</span>' in verdict
+    assert f'<code class="loc">{HOSTILE_SHOWN}:' in verdict and f'<span class="rank">rank {HOSTILE_SHOWN}</span>' in verdict
+    assert f"<pre>{HOSTILE_SHOWN}</pre>" in verdict
+    assert f"<li>first {HOSTILE_MARKDOWN}</li>" in verdict and f"<li><code>{HOSTILE_MARKDOWN}</code></li>" in verdict
+    assert f"<p>{HOSTILE_MARKDOWN}</p>" in verdict and "[x](javascript:alert(9))" in verdict
+    findings = page[page.index('<section id="findings"'):page.index('<section id="hosts"')]
+    assert f"<b>{HOSTILE_SHOWN}</b>" in findings and f"hosts {HOSTILE_SHOWN}" in findings
+    inputs = page[page.index('<section id="inputs"'):]
+    assert f'<td class="mono">{HOSTILE_SHOWN}</td>' in inputs and f"<li>{HOSTILE_SHOWN}</li>" in inputs
+
+
+def test_numbered_remediation_steps_are_a_list():
+    page = render_html(analyze(HANG))
+    rule = rules_by_id()[analyze(HANG).report["verdict"]["rule_id"]]
+    steps = re.findall(r"(?m)^\d+\. ", rule.remediation)
+    assert len(steps) == 5
+    verdict = page[page.index('<section id="verdict"'):page.index('<section id="findings"')]
+    remediation = re.search(r'<div class="remediation">(.*?)</div>', verdict, re.S).group(1)
+    assert remediation.startswith("<ol>") and remediation.count("<li>") == len(steps)
+    assert "<code>postmortem capture</code>" in remediation  # `code` in the prose
+    # One paragraph stays a paragraph; HTML in the source is text, links and images stay as written.
+    assert page_mod.markdown("Check `a<b` first.") == "<p>Check <code>a&lt;b</code> first.</p>\n"
+    assert page_mod.markdown("1. one\n2. two\n\n- a\n- b") == "<ol>\n<li>one</li>\n<li>two</li>\n</ol>\n<ul>\n<li>a</li>\n<li>b</li>\n</ul>\n"
+    assert page_mod.markdown("<script>alert(1)</script>") == "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>\n"
+    assert page_mod.markdown("[x](https://example.com) ![i](x.png) <https://example.com>") == (
+        "<p>[x](https://example.com) ![i](x.png) &lt;https://example.com&gt;</p>\n")
+
+
+def test_the_report_and_the_fleet_page_extend_one_base():
+    from analyzer.fleet.page_html import render_fleet_html
+    from analyzer.fleet.view import fleet_view
+    from tests.test_fleet import scan_table
+
+    report, fleet = render_html(analyze(HANG)), render_fleet_html(fleet_view(scan_table()))
+    assert base_skeleton(report) == base_skeleton(fleet) == list(BASE_SKELETON)
+    for template in (ROOT / "analyzer" / "render" / "templates" / "report.html.j2",
+                     ROOT / "analyzer" / "fleet" / "templates" / "fleet.html.j2"):
+        assert '{% extends "base.html.j2" %}' in template.read_text(encoding="utf-8")
+    assert page_mod.environment() is page_mod.environment()  # loaded once per process
+    assert page_mod.environment_with("analyzer.fleet") is page_mod.environment_with("analyzer.fleet")
+
+
+def test_data_elements_cannot_be_closed_by_their_data():
+    evil = {"t": "</script><!--<script>alert(1)</script>\u2028\u2029 & done"}
+    text = page_mod.script_json(evil)
+    assert not any(c in text for c in "<>&\u2028\u2029") and json.loads(text) == evil
+    small = embedded(evil)
+    assert small["encoding"] is None and json.loads(small["text"]) == evil
+    big = {"t": ["</script><!--"] * 40_000}  # over COMPRESS_ABOVE: gzip+base64, nothing but the base64 alphabet
+    packed = embedded(big)
+    assert packed["encoding"] == "gzip-base64" and re.fullmatch(r"[A-Za-z0-9+/]+=*", packed["text"])
+    assert json.loads(gzip.decompress(base64.b64decode(packed["text"]))) == big
+    with pytest.raises(ValueError):
+        page_mod.inline("var s = '</SCRIPT>';", "script")
+    with pytest.raises(ValueError):
+        page_mod.inline("a::after { content: '</style>'; }", "style")
+    with pytest.raises(ValueError):
+        page_mod.policy('script-src "x"')
 
 
 # --- in Chromium ---------------------------------------------------------------------------------

@@ -118,9 +118,9 @@ def test_a_malformed_categories_file_is_named(tmp_path, text, error):
 
 def test_records_of_earlier_stages_keep_their_key_order_in_the_model():
     """The model's field order is the document's key order: the tables other stages produce must agree."""
-    from analyzer.checkpoint_audit import CHECKPOINT_SCHEMA
-    from analyzer.gpus import _OUT as GPU_COLUMNS
-    from analyzer.hostfacts import FACTS
+    from analyzer.facts.checkpoint_audit import CHECKPOINT_SCHEMA
+    from analyzer.facts.gpus import _OUT as GPU_COLUMNS
+    from analyzer.facts.hostfacts import FACTS
     from analyzer.report import Checkpoint, CulpritGpu
 
     names = [name for name, _ in field_meta(HostFacts)]

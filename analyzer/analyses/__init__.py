@@ -12,7 +12,7 @@ from collections.abc import Callable
 import polars as pl
 
 # Built by correlate (`JobFacts.context()`): every analysis takes it, so the analyses name it from here.
-from analyzer.correlate import JobContext
+from analyzer.facts.correlate import JobContext
 
 Analysis = Callable[[pl.DataFrame, JobContext], pl.DataFrame]
 

@@ -1,6 +1,6 @@
 """Detect (checkpoint audit): can this job resume from its checkpoints, and will it resume exactly?
 
-`checkpoint_audit` reads the table of `analyzer.checkpoint_audit.audit_job` (the checkpoints under the
+`checkpoint_audit` reads the table of `analyzer.facts.checkpoint_audit.audit_job` (the checkpoints under the
 job root, in its checkpoint-named siblings and at --checkpoint paths) and emits one finding per
 kind of trouble, each naming the checkpoints concerned and the newest one to resume from:
 
@@ -25,7 +25,6 @@ from pathlib import PurePosixPath
 import polars as pl
 
 from analyzer.analyses import JobContext, register
-from analyzer.checkpoint_audit import audit_job
 from analyzer.findings import finding, findings_frame
 from analyzer.rules import rules_by_id
 
@@ -49,8 +48,8 @@ _MIN_NAME_LENGTH = 6
 
 @register("checkpoint_audit")
 def checkpoint_audit(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    table = audit_job(events, job)
-    if table.height == 0:
+    table = job.checkpoints
+    if table is None or table.height == 0:
         return findings_frame([])
     disk_events = _disk_error_events(events)
     resume = _resume_advice(table)

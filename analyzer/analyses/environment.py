@@ -1,6 +1,6 @@
 """Detect (cross-host analyses): nodes that are not alike, and GPUs shared by several processes.
 
-All drift analyses read the per-host facts table of `analyzer.hostfacts` (computed once per job)
+All drift analyses read the per-host facts table of `analyzer.facts.hostfacts` (computed once per job)
 and name the *minority* hosts: those whose value is not the one most hosts share. When the hosts
 split evenly, a fact-specific order decides where one is sound (the older version, the host
 without the plugin, the smaller card); where none is (an environment variable set on half the
@@ -30,7 +30,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
-from analyzer.hostfacts import ENV_PREFIX, UNSET, HostFacts, address_clashes, host_facts_of, memory_gib, transport_pairs
+from analyzer.facts.hostfacts import ENV_PREFIX, UNSET, HostFacts, address_clashes, memory_gib, transport_pairs
 
 MAX_EVIDENCE = 24
 MAX_NAMED = 6
@@ -153,7 +153,7 @@ def _drift_finding(facts: HostFacts, rule_id: str, fact: str, label: str, order:
 
 @register("nccl_stack_drift")
 def nccl_stack_drift(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    facts = host_facts_of(events)
+    facts = job.host_facts
     rows = [
         _drift_finding(facts, "nccl-stack-differs-across-hosts", "net_plugin", "NCCL network plugin", _plugin_key, 0.7,
                        "install the same plugin on every node or none"),
@@ -168,7 +168,7 @@ def nccl_stack_drift(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 
 @register("env_drift")
 def env_drift(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    facts = host_facts_of(events)
+    facts = job.host_facts
     variables = (
         facts.hosts.filter(pl.col("fact").str.starts_with(ENV_PREFIX))
         .with_columns(pl.col("fact").str.strip_prefix(ENV_PREFIX).alias("name"))
@@ -222,7 +222,7 @@ def _rank_level_env(facts: HostFacts, fact: str, name: str) -> dict | None:
 
 @register("driver_drift")
 def driver_drift(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    facts = host_facts_of(events)
+    facts = job.host_facts
     row = _drift_finding(facts, "drift-cuda-driver-older", "driver_version", "NVIDIA driver", _version_key, 0.7,
                          "install the same driver on every node") or _drift_finding(
         facts, "drift-cuda-driver-older", "cuda_driver", "CUDA driver version", _version_key, 0.65,
@@ -232,7 +232,7 @@ def driver_drift(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 
 @register("torch_drift")
 def torch_drift(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    facts = host_facts_of(events)
+    facts = job.host_facts
     row = _drift_finding(facts, "drift-torch-version-differs", "torch_version", "PyTorch version", _version_key, 0.7,
                          "run the same image or environment on every node")
     return findings_frame([row] if row else [])
@@ -240,7 +240,7 @@ def torch_drift(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 
 @register("identical_hostnames")
 def identical_hostnames(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    facts = host_facts_of(events)
+    facts = job.host_facts
     signals: dict[str, list[tuple[str, list[int], list[int]]]] = {}  # host -> (text, ranks, evidence)
     for host, text, ranks, evidence in [*_address_signals(facts), *_transport_signals(events, facts, job), *_local_rank_signals(facts, job)]:
         signals.setdefault(host, []).append((text, ranks, evidence))
@@ -344,7 +344,7 @@ def _local_rank_signals(facts: HostFacts, job: JobContext) -> list[tuple[str, st
 
 @register("gpu_heterogeneity")
 def gpu_heterogeneity(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    facts = host_facts_of(events)
+    facts = job.host_facts
     rows = [row for row in (_oom_on_smallest(facts), _bf16_unsupported(facts)) if row]
     models = _drift_finding(facts, "drift-gpu-models-differ", "gpu_model", "GPU model", None, 0.6,
                             "schedule the job on one GPU type (node features / constraints) or size it for the smallest card")

@@ -47,7 +47,7 @@ def context_expr(issue: KnownIssue) -> pl.Expr:
 
 @register("known_issues")
 def known_issues(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    hits = affected(host_versions(events))
+    hits = affected(host_versions(events, job.host_facts))
     if hits.height == 0 or events.height == 0:
         return findings_frame([])
     issues = by_id()

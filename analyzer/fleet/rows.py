@@ -250,8 +250,8 @@ def _inputs_not_read(inputs: list[dict]) -> list[str]:
 
 
 def _culprit_gpus(verdict: dict) -> list[str]:
-    """The culprits' physical GPUs as the report's verdict names them (analyzer/gpus.py):
+    """The culprits' physical GPUs as the report's verdict names them (analyzer/facts/gpus.py):
     `host/gpuN`, `host/<bus id>`, or `host/cudaN (logical only)` where nothing physical is known."""
-    from analyzer.gpus import gpu_label
+    from analyzer.facts.gpus import gpu_label
 
     return [gpu_label(gpu) for gpu in verdict.get("culprit_gpus") or []]

@@ -6,7 +6,7 @@ section banners), with its `[pip3] name==version` / `[conda] name version` libra
 `pip freeze` (`name==version`) or `pip list` (`name   version`) output. Each version a line states
 becomes one `stack.version` event: `code` names the host fact (`torch_version`, `cuda_runtime`,
 `driver_version`, `nccl_version`, `cudnn_version`, `deepspeed_version`, `gpu_model`, ...), `detail`
-holds the value, `message` the line. Correlate's host facts read them (analyzer/hostfacts.py) below
+holds the value, `message` the line. Correlate's host facts read them (analyzer/facts/hostfacts.py) below
 any line of the job's own logs; a listing names no host, so its events take the host of their
 directory. Lines that state nothing are counted as unparsed.
 """

@@ -5,7 +5,7 @@ The report's `job.host_facts` holds one record per host with `differs` naming th
 differ from what most hosts have (correlate decides that; this module never re-judges a value).
 Here that list becomes a table a reader can take in at 4,096 hosts:
 
-- columns: every fact that some host has, in `analyzer.hostfacts.FACTS` order; an `NCCL_*` /
+- columns: every fact that some host has, in `analyzer.facts.hostfacts.FACTS` order; an `NCCL_*` /
   `TORCH_*` variable only when it is marked on some host, its ranks disagree on it, or a finding
   names it (the others are summarised: alike everywhere, or set per host by design);
 - rows: hosts whose shown facts are identical fold into one row ("N hosts alike" for the
@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from analyzer.detect import format_ranks
-from analyzer.hostfacts import ENV_PREFIX, FACTS
+from analyzer.facts.hostfacts import ENV_PREFIX, FACTS
 
 FOLD_MIN = 4  # identical hosts folded into one row from this many on
 MAX_ROWS = 200  # rows of the table; the hosts beyond are named in one compact list

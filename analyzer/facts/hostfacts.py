@@ -1,6 +1,6 @@
-"""Correlate (job facts per host and rank): what each machine and process of the job ran on.
+"""Stage 3, facts (per host and rank): what each machine and process of the job ran on.
 
-Part of stage 3. From the canonical events it derives one long frame of *observations*: one row
+ From the canonical events it derives one long frame of *observations*: one row
 per fact that a line states, attributed to a host and, where known, a rank (or a pid when the rank
 is unknown): NCCL version and build, network plugin, network, NICs, transports, every `NCCL_*` /
 `TORCH_*` variable reported, CUDA driver, NVIDIA driver, PyTorch version, the CUDA runtime,
@@ -10,6 +10,8 @@ freezes, `stack.version` events), GPU model and memory, the addresses a process 
 - `unit_facts`: one value per (host, unit, fact), a unit being a rank, else a process, else the
   host itself (host-wide sources such as an nvidia-smi table);
 - `host_facts`: one value per (host, fact) and whether the host's own ranks disagree;
+- `derive_host_facts`: all of the above for one job, once (the facts stage hands it on in the
+  JobContext);
 - `fact_table`: the wide per-host facts table (a polars frame) with the facts that differ across
   hosts named in `differs`; `host_fact_records` turns it into the report's `job.host_facts`.
 
@@ -21,7 +23,6 @@ are one row per host or per fact, never per line.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import polars as pl
@@ -446,30 +447,23 @@ class HostFacts:
     identity: pl.DataFrame  # per (host, fact) for IDENTITY_FACTS and FLAG_FACTS
 
 
-_MEMO: list = []  # (weakref to the events frame, HostFacts): analyses and the report share one pass
-
-
-def host_facts_of(events: pl.DataFrame) -> HostFacts:
-    """The facts of one job's events, computed once however many analyses ask."""
-    if _MEMO and _MEMO[0][0]() is events:
-        return _MEMO[0][1]
+def derive_host_facts(events: pl.DataFrame) -> HostFacts:
+    """The facts of one job's events. Derived once, by the facts stage (analyzer.facts.job_context),
+    and handed on in the JobContext: the analyses and the report read that one result."""
     obs = observations(events)
     units = unit_facts(obs)
     hosts = host_facts(units)
-    result = HostFacts(
+    return HostFacts(
         observations=obs,
         units=units,
         hosts=compared_facts(hosts),
         identity=hosts.filter(pl.col("fact").is_in(list(IDENTITY_FACTS) + list(FLAG_FACTS))),
     )
-    _MEMO[:] = [(weakref.ref(events), result)]
-    return result
 
 
-def fact_table(events: pl.DataFrame) -> pl.DataFrame:
+def fact_table(facts: HostFacts) -> pl.DataFrame:
     """The wide per-host facts table: `host`, `ranks`, `addresses`, one column per fact of FACTS
     that any host has, one `env.NAME` column per variable, and `differs` (the columns to mark)."""
-    facts = host_facts_of(events)
     hosts = facts.hosts
     if hosts.height == 0 and facts.identity.height == 0:
         return pl.DataFrame(schema={"host": pl.String, "ranks": pl.List(pl.Int64), "differs": pl.List(pl.String)})
@@ -487,14 +481,13 @@ def fact_table(events: pl.DataFrame) -> pl.DataFrame:
     return table.select("host", "ranks", "addresses", *fact_columns, *env_columns, "differs").sort("host")
 
 
-def host_fact_records(events: pl.DataFrame, notes: dict[str, list[dict]] | None = None) -> list[dict]:
+def host_fact_records(facts: HostFacts, notes: dict[str, list[dict]] | None = None) -> list[dict]:
     """`job.host_facts` of the report: one record per host, `differs` naming the marked cells
     (fact names, `env.NAME` for variables), `per_rank` the ranks of a host that disagree,
     `known_issues` the notes given per host (`analyzer.knownissues.notes_by_host`)."""
-    table = fact_table(events)
+    table = fact_table(facts)
     if table.height == 0:
         return []
-    facts = host_facts_of(events)
     varying = facts.hosts.filter(pl.col("varies")).select("host", "fact")
     per_rank = (
         facts.units.join(varying, on=["host", "fact"], how="inner")

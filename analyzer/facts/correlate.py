@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analyzer.bounds import MAX_WORLD_SIZE, rank_number
+from analyzer.events import empty_events
+from analyzer.facts.hostfacts import HostFacts, derive_host_facts
 from analyzer.io import InputFile
 
 # Columns that count ranks: a value past MAX_WORLD_SIZE (a `rank 10^18` line, `nranks 100000000`)
@@ -33,6 +35,10 @@ class JobContext:
     end_ts: object | None = None  # latest timestamp seen anywhere in the job
     root: str | None = None  # the analysed path (read-only), for analyses that inspect files themselves
     checkpoint_paths: tuple[str, ...] = ()  # extra checkpoint locations given with --checkpoint
+    # The per-host facts (facts.hostfacts), derived once for the analyses and the report.
+    host_facts: HostFacts = field(default_factory=lambda: derive_host_facts(empty_events()))
+    checkpoints: pl.DataFrame | None = None  # the checkpoint audit's table; None: not audited
+    checkpoint_problem: str | None = None  # why the audit could not be made, when it could not
 
 
 @dataclass
@@ -41,7 +47,6 @@ class JobFacts:
     ranks: list[int] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     rank_hosts: dict[int, str] = field(default_factory=dict)
-    nccl_versions: dict[str, list[str]] = field(default_factory=dict)
     # Where world_size comes from: the line that states it, or "inferred from the ranks seen".
     world_size_source: str | None = None
     world_size_stated: bool = False
@@ -49,7 +54,9 @@ class JobFacts:
     time_span: dict | None = None
     conflicts: list[str] = field(default_factory=list)
 
-    def context(self, events: pl.DataFrame, root: str | None = None, checkpoint_paths: tuple[str, ...] = ()) -> JobContext:
+    def context(self, events: pl.DataFrame, root: str | None = None, checkpoint_paths: tuple[str, ...] = (),
+                host_facts: HostFacts | None = None) -> JobContext:
+        """The context without the checkpoint audit (analyzer.facts.job_context adds it)."""
         end = events.get_column("ts").max() if events.height else None
         return JobContext(
             world_size=self.world_size,
@@ -59,6 +66,7 @@ class JobFacts:
             end_ts=end,
             root=root,
             checkpoint_paths=checkpoint_paths,
+            host_facts=derive_host_facts(events) if host_facts is None else host_facts,
         )
 
 
@@ -327,12 +335,6 @@ def _facts(events: pl.DataFrame) -> JobFacts:
         .agg(pl.col("host").mode().sort().first())
         .iter_rows()
     )
-    versions = (
-        events.filter(pl.col("kind") == "nccl.version")
-        .with_columns(pl.col("message").str.extract(r"NCCL version (\S+)").alias("v"))
-        .group_by(pl.col("host").fill_null("?"))
-        .agg(pl.col("v").drop_nulls().unique().sort())
-    )
     world_source, stated, conflicts = _world_size_source(events, world, ranks)
     return JobFacts(
         world_size=world,
@@ -343,7 +345,6 @@ def _facts(events: pl.DataFrame) -> JobFacts:
         ranks=ranks,
         hosts=hosts,
         rank_hosts={int(k): v for k, v in rank_hosts.items()},
-        nccl_versions={h: list(v) for h, v in versions.iter_rows()},
     )
 
 
