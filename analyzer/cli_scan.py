@@ -83,7 +83,7 @@ def scan_command(roots: tuple[Path, ...], out: Path, jsonl: Path | None, html_ou
     from analyzer.fleet.scan import events_path, findings_path, scan, write_outputs
     from analyzer.fleet.store import default_store_path
     from analyzer.fleet.view import exit_status, fleet_view
-    from analyzer.render.fleet_text import print_fleet_summary, print_job_search
+    from analyzer.fleet.page_text import print_fleet_summary, print_job_search
 
     if not roots and manifest is None:
         raise CannotAnalyse("give at least one ROOT directory, or --manifest FILE")
@@ -155,7 +155,7 @@ def _progress_bar(console: Console):
 
 
 def _write_html(view, path: Path) -> None:
-    from analyzer.render.fleet_html import render_fleet_html
+    from analyzer.fleet.page_html import render_fleet_html
 
     try:
         path.write_text(render_fleet_html(view), encoding="utf-8")
@@ -177,7 +177,7 @@ def fleet_command(scan_file: Path, html_out: Path | None, top: int) -> None:
     from analyzer.fleet.rows import row_schema
     from analyzer.fleet.scan import read_scan
     from analyzer.fleet.view import exit_status, fleet_view
-    from analyzer.render.fleet_text import print_fleet_summary
+    from analyzer.fleet.page_text import print_fleet_summary
 
     if html_out is not None:
         _prepare_output(html_out, "fleet page")

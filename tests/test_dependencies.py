@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 # Import name -> distribution name, where they differ.
-DISTRIBUTION_OF = {"yaml": "pyyaml", "zstd": "zstandard"}
+DISTRIBUTION_OF = {"yaml": "pyyaml", "zstd": "zstandard", "markdown_it": "markdown-it-py"}
 # Optional modules used only behind `except ImportError` with a documented fallback.
 GUARDED_OPTIONAL = {"numpy": "allowlists numpy RNG objects for torch.load(weights_only=True) when numpy is there"}
 

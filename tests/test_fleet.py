@@ -13,8 +13,8 @@ from rich.console import Console
 from analyzer.cli import main
 from analyzer.fleet.rows import STATUS_ANALYSED, STATUS_CANNOT_ANALYSE, STATUS_CRASHED, STATUS_TIMED_OUT, rows_frame
 from analyzer.fleet.view import fleet_view
-from analyzer.render.fleet_html import render_fleet_html
-from analyzer.render.fleet_text import print_fleet_summary
+from analyzer.fleet.page_html import render_fleet_html
+from analyzer.fleet.page_text import print_fleet_summary
 
 HOSTILE = '<script>alert("x")</script>'
 
@@ -71,10 +71,27 @@ def test_gpus_signatures_categories_and_problems():
 def test_html_page_escapes_everything_and_loads_nothing():
     page = render_fleet_html(fleet_view(scan_table()))
     assert "<script" not in page and "<b>unreadable" not in page and "<here>" not in page
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page  # the templates' autoescaping
     assert "nothing readable &lt;here&gt;" in page
     assert "http://" not in page and "https://" not in page and " src=" not in page
     assert page.index(">busy<") < page.index(">bad<") < page.index(">meh<")
+
+
+def test_markup_in_every_fleet_string_is_text():
+    """A host, GPU, rule, category, job path, summary and error that carry markup, each shown as text."""
+    evil = '"><img src=x onerror=alert(8)>'
+    shown = "&#34;&gt;&lt;img src=x onerror=alert(8)&gt;"
+    row = failed(f"/n/{evil}/job", evil, 0.9, hosts=[evil], gpus=[f"{evil}/gpu0"], rule=evil)
+    page = render_fleet_html(fleet_view(rows_frame([
+        {**row, "summary": evil},
+        {"job": f"/n/{evil}", "status": STATUS_CRASHED, "error": evil},
+    ])))
+    assert "<img" not in page and "onerror=alert(8)>" not in page
+    assert f'<span class="path">{shown}</span>' in page  # the host
+    assert f'<span class="path">{shown}/gpu0</span>' in page  # the GPU
+    assert f"<code>{shown}</code>" in page and f"<td>{shown}</td>" in page  # the rule, the category, the summary
+    assert f'<span class="path">/<wbr>n/<wbr>{shown}/<wbr>job</span>' in page  # a path wraps and stays text
+    assert f'<span class="bad">{STATUS_CRASHED}</span></td><td>{shown}</td>' in page  # the error
 
 
 def test_terminal_summary_lists_offenders_in_order():

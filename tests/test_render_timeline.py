@@ -8,19 +8,8 @@ import pytest
 
 from analyzer.api import analyze
 from analyzer.events import events_from_records
-from analyzer.render.timeline import (
-    MAX_PER_CLASS,
-    assign_lanes,
-    behaviour_keys,
-    build_timeline,
-    classify,
-    collective_marks,
-    evidence_frame,
-    rank_ranges,
-    step_times,
-    unit_markers,
-    unit_table,
-)
+from analyzer.render.timeline import assign_lanes, behaviour_keys, build_timeline, rank_ranges, step_times, unit_table
+from analyzer.render.timeline_marks import MAX_PER_CLASS, classify, collective_marks, evidence_frame, unit_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG = ROOT / "fixtures" / "cases" / "rec-watchdog-timeout-rank1-skipped" / "job"

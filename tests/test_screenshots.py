@@ -141,7 +141,7 @@ def test_fleet_page_screenshot(browser, shots, tmp_path):
 
 def test_fleet_page_with_long_job_paths_has_no_horizontal_overflow(browser, shots, tmp_path):
     from analyzer.fleet.view import fleet_view
-    from analyzer.render.fleet_html import render_fleet_html
+    from analyzer.fleet.page_html import render_fleet_html
     from tests.test_fleet import LONG_JOB, long_path_table
 
     page = tmp_path / "long-paths.html"

@@ -5,9 +5,11 @@
 - `store`: the inputs' fingerprint, the analyzer's identity and the SQLite store of finished rows;
 - `engines`: local worker processes (each job under a time limit) or Ray tasks;
 - `scan`: the scan itself and its Parquet outputs;
-- `view`: what a scan table says across jobs (read by `analyzer.render.fleet_text` / `fleet_html`).
+- `view`: what a scan table says across jobs (read by `page_text` / `page_html`, the terminal summary and the HTML page).
 
-Nothing here imports the command line or a renderer; the commands live in `analyzer.cli_scan`.
+Nothing here imports the command line; the commands live in `analyzer.cli_scan`. The fleet's own
+pages (`page_text`, `page_html`) build on what the renderers share (`analyzer.render.text`'s
+escaping, `analyzer.render.page`'s base template).
 """
 
 

@@ -1,7 +1,7 @@
 """Batch (fleet view): what a jobs table (one row per job, see `analyzer.fleet.rows`) says across jobs.
 
-The frames here are the input of the fleet renderers (`analyzer.render.fleet_text` and
-`analyzer.render.fleet_html`); nothing here reads logs.
+The frames here are the input of the fleet renderers (`analyzer.fleet.page_text` and
+`analyzer.fleet.page_html`); nothing here reads logs.
 
 - **Repeat-offender hosts**: every host a failed job's verdict implicates (its culprit hosts, and
   the hosts of its culprit ranks), ranked by how many distinct failed jobs name it, then by the sum

@@ -1,8 +1,8 @@
 """Stage 7, render (HTML timeline data): the timeline frames as the page's script reads them.
 
 `analyzer.render.timeline` decides what the timeline shows; this module turns its frames into a
-compact columnar payload (string tables, indices, integer milliseconds) and embeds it in the page
-(`data_element`: JSON, or gzip+base64 when large), deterministic byte for byte. The drawing
+compact columnar payload (string tables, indices, integer milliseconds) and the text the page's
+data element holds (`embedded`: JSON, or gzip+base64 when large), deterministic byte for byte. The drawing
 attributes of each marker class (`STYLE`) are shared by the payload and the legend of
 `analyzer.render.html`.
 """
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import base64
 import gzip
-import json
 from dataclasses import dataclass
 
 import polars as pl
 
 from analyzer.detect import format_ranks
-from analyzer.render.timeline import CLASSES, PANELS, Timeline
+from analyzer.render import page
+from analyzer.render.timeline import Timeline
+from analyzer.render.timeline_marks import CLASSES, PANELS
 
 MAX_TEXT_CHARS = 2000  # of one log line in the payload
 MEMBER_TEXT_BUDGET = 1_000_000  # characters of folded members' line texts, in display order
@@ -213,13 +214,11 @@ def inputs_payload(inputs: list[dict]) -> dict:
     }
 
 
-def data_element(payload: dict) -> str:
-    raw = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+def embedded(payload: dict) -> dict:
+    """The payload as the page's data element holds it: `{"encoding": None, "text": JSON}` (safe
+    inside a script element), or gzip+base64 above COMPRESS_ABOVE bytes (the page inflates it natively)."""
+    raw = page.json_text(payload)
     if len(raw) > COMPRESS_ABOVE:
         packed = base64.b64encode(gzip.compress(raw.encode("utf-8"), compresslevel=6, mtime=0)).decode("ascii")
-        return f'<script type="application/octet-stream" id="pm-data" data-encoding="gzip-base64">{packed}</script>'
-    # Inside a script element only "</script" and "<!--" are dangerous; escaping every <, > and &
-    # as JSON unicode escapes removes both and keeps the JSON identical once parsed.
-    safe = raw.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    safe = safe.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-    return f'<script type="application/json" id="pm-data">{safe}</script>'
+        return {"encoding": "gzip-base64", "text": packed}
+    return {"encoding": None, "text": page.script_safe(raw)}

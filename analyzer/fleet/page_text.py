@@ -1,4 +1,4 @@
-"""Stage 6, render (fleet, terminal): the summary of a scan's `FleetView`, and what a scan found.
+"""Batch (fleet, terminal): the summary of a scan's `FleetView`, and what a scan found.
 
 Names on disk and in logs are data, never terminal input: `shown` escapes every C0/C1 control
 character (ESC starts CSI and OSC sequences: OSC 52 writes the clipboard, OSC 0 the window title),
