@@ -24,13 +24,17 @@ all_reduce from the main thread with its Python frames). A dump is a full ring b
   look like.
 
 `write_dump_set` pickles one file per rank, named `nccl_trace_rank_<R>` like
-TORCH_NCCL_DEBUG_INFO_TEMP_FILE's default prefix.
+TORCH_NCCL_DEBUG_INFO_TEMP_FILE's default prefix: with Python's pickler (`writer="python"`, the
+benchmark's default), or with `torch_pickle`, which lays the bytes out as PyTorch's C++ pickler
+does in the recorded dumps (`writer="torch"`). `version` writes the layout of an older FR format
+version (FORMATS.md 5.5: the keys each version lacks are left out or renamed).
 """
 
 from __future__ import annotations
 
 import copy
 import pickle
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +83,8 @@ class DumpSetSpec:
     side_group: tuple[int, ...] = ()  # ranks of process group "1" (one extra entry per step)
     timeout_ms: int = 600_000
     vary_timestamps: bool = True
+    version: str = "2.10"  # FR format version written (FORMATS.md 5.5)
+    writer: str = "python"  # "python": pickle.dumps; "torch": torch_pickle (the C++ pickler's layout)
 
 
 class DumpFactory:
@@ -91,6 +97,8 @@ class DumpFactory:
         self.side = side_entry(self.doc)
         if spec.culprit is not None and spec.culprit_mode not in ("behind", "barrier"):
             raise ValueError(f"culprit_mode {spec.culprit_mode!r}")
+        if spec.version not in VERSION_LAYOUTS or spec.writer not in WRITERS:
+            raise ValueError(f"version {spec.version!r} / writer {spec.writer!r}")
         ranks_text = str(list(range(spec.world)))
         self.pg_config = {"0": {"name": "0", "desc": "default_pg", "ranks": ranks_text}}
         if spec.side_group:
@@ -169,13 +177,13 @@ class DumpFactory:
         status = {"0": self._status(records, "0")}
         if in_side:
             status["1"] = self._status(records, "1")
-        return {
+        return as_version({
             "version": self.doc["version"],
             "comm_lib_version": self.doc.get("comm_lib_version"),
             "pg_config": self.pg_config if in_side else {"0": self.pg_config["0"]},
             "pg_status": status,
             "entries": entries,
-        }
+        }, spec.version)
 
     def _barrier(self, bucket: dict) -> dict:
         barrier = copy.copy(bucket)
@@ -199,6 +207,121 @@ class DumpFactory:
         }
 
 
+# FR version -> (top-level key of the NCCL version or None, entry keys it lacks, entry keys renamed).
+VERSION_LAYOUTS: dict[str, tuple[str | None, tuple[str, ...], dict[str, str]]] = {
+    "2.10": ("comm_lib_version", (), {}),
+    "2.9": ("nccl_version", ("thread_id", "thread_name"), {}),
+    "2.5": (None, ("thread_id", "thread_name"), {}),
+    "2.3": (None, ("thread_id", "thread_name", "timeout_ms", "is_p2p"), {}),
+    "1.5": (None, ("thread_id", "thread_name", "timeout_ms", "is_p2p", "process_group", "p2p_seq_id"),
+            {"collective_seq_id": "seq_id"}),
+}
+
+
+def as_version(doc: dict, version: str) -> dict:
+    """`doc` (written as FR 2.10) in the layout of FR `version`."""
+    if version == "2.10":
+        return doc
+    comm_key, dropped, renamed = VERSION_LAYOUTS[version]
+    out = {"version": version}
+    if comm_key is not None:
+        out[comm_key] = doc["comm_lib_version"]
+    out["pg_config"] = doc["pg_config"]
+    if not version.startswith("1."):
+        out["pg_status"] = doc["pg_status"]
+    out["entries"] = [{renamed.get(k, k): v for k, v in e.items() if k not in dropped} for e in doc["entries"]]
+    return out
+
+
+def torch_pickle(obj: object) -> bytes:
+    """Protocol-2 bytes laid out as PyTorch's C++ pickler writes a Flight Recorder dump (see the
+    recorded dumps): every string memoized by value at its first use, dicts and lists opened with
+    MARK even when empty, and a container memoized (BINPUT after it) only when it is shared."""
+    seen: dict[int, int] = {}
+
+    def count(value: object) -> None:
+        if isinstance(value, (dict, list, tuple)):
+            seen[id(value)] = seen.get(id(value), 0) + 1
+            if seen[id(value)] == 1:  # the contents of a shared container are written once
+                for item in (value.values() if isinstance(value, dict) else value):
+                    count(item)
+
+    count(obj)
+    out = bytearray(b"\x80\x02")
+    strings: dict[str, int] = {}
+    containers: dict[int, int] = {}
+    memo = [0]
+
+    def put() -> int:
+        index = memo[0]
+        memo[0] += 1
+        out.extend(b"q" + bytes((index,)) if index < 256 else b"r" + struct.pack("<I", index))
+        return index
+
+    def get(index: int) -> None:
+        out.extend(b"h" + bytes((index,)) if index < 256 else b"j" + struct.pack("<I", index))
+
+    def push(value: object, top: bool = False) -> None:
+        shared = isinstance(value, (dict, list)) and (seen.get(id(value), 0) > 1 or top)
+        if shared and id(value) in containers:
+            get(containers[id(value)])
+            return
+        if value is None:
+            out.extend(b"N")
+        elif value is True or value is False:
+            out.extend(b"\x88" if value else b"\x89")
+        elif isinstance(value, int):
+            if 0 <= value < 256:
+                out.extend(b"K" + bytes((value,)))
+            elif 0 <= value < 65536:
+                out.extend(b"M" + struct.pack("<H", value))
+            elif -(2**31) <= value < 2**31:
+                out.extend(b"J" + struct.pack("<i", value))
+            else:
+                out.extend(b"\x8a\x08" + struct.pack("<q", value))
+        elif isinstance(value, float):
+            out.extend(b"G" + struct.pack(">d", value))
+        elif isinstance(value, str):
+            if value in strings:
+                get(strings[value])
+            else:
+                encoded = value.encode("utf-8", "surrogatepass")
+                out.extend(b"X" + struct.pack("<I", len(encoded)) + encoded)
+                strings[value] = put()
+        elif isinstance(value, tuple):
+            if len(value) <= 3:
+                for item in value:
+                    push(item)
+                out.extend((b")", b"\x85", b"\x86", b"\x87")[len(value)])
+            else:
+                out.extend(b"(")
+                for item in value:
+                    push(item)
+                out.extend(b"t")
+        elif isinstance(value, list):
+            out.extend(b"](")
+            for item in value:
+                push(item)
+            out.extend(b"e")
+        elif isinstance(value, dict):
+            out.extend(b"}(")
+            for key, item in value.items():
+                push(key)
+                push(item)
+            out.extend(b"u")
+        else:
+            raise TypeError(f"torch_pickle: {type(value).__name__}")
+        if shared:
+            containers[id(value)] = put()
+
+    push(obj, top=True)
+    out.extend(b".")
+    return bytes(out)
+
+
+WRITERS = {"python": lambda doc: pickle.dumps(doc, protocol=PICKLE_PROTOCOL), "torch": torch_pickle}
+
+
 def dump_name(rank: int) -> str:
     return f"nccl_trace_rank_{rank}"
 
@@ -219,7 +342,7 @@ def write_dump_set(directory: Path, spec: DumpSetSpec, ranks: Iterable[int] | No
         key = factory.dump_key(rank)
         data = cache.get(key)
         if data is None:
-            data = cache[key] = pickle.dumps(factory.dump(rank), protocol=PICKLE_PROTOCOL)
+            data = cache[key] = WRITERS[spec.writer](factory.dump(rank))
         path = directory / dump_name(rank)
         path.write_bytes(data)
         written.append(path)

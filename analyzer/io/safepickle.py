@@ -49,6 +49,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise UnsafePickleError(f"refused persistent id {pid!r}: only plain containers and scalars are allowed")
 
 
+def restricted_unpickler(stream: BinaryIO) -> pickle.Unpickler:
+    """The restricted unpickler over `stream`, for a caller that reads its memo after the load
+    (`analyzer.parse.fr_partial`); load it with `load_bounded`."""
+    return _RestrictedUnpickler(stream)
+
+
 def load_untrusted_pickle(data: bytes | BinaryIO, *, max_bytes: int = DEFAULT_MAX_BYTES) -> object:
     """Unpickle `data` (bytes, or a binary stream read up to STOP) admitting only plain containers and scalars.
 

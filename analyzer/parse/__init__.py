@@ -22,14 +22,18 @@ def _parse_error_json(item: InputFile) -> pl.DataFrame:
     return parse_error_json(item)
 
 
-def _parse_flight_recorder(item: InputFile, doc: object | None = None) -> pl.DataFrame:
-    from analyzer.parse.flight_recorder import parse_flight_recorder
+def _parse_flight_recorder(item: InputFile, doc: object | None = None, total_entries: int | None = None, *, as_rows: bool = False):
+    """A dump's events: a frame, or with `as_rows` its column lists (a pool worker builds one frame
+    for its whole chunk of dumps)."""
+    from analyzer.parse.flight_recorder import flight_recorder_rows, rows_frame
 
-    events, info = parse_flight_recorder(item, doc)
+    rows, info = flight_recorder_rows(item, doc, total_entries)
     if info.get("status"):
         item.status = info["status"]
         item.reason = info.get("reason", "")
-    return events
+    if rows is None:
+        return empty_events()
+    return rows if as_rows else rows_frame([rows])
 
 
 def _parse_pyspy_text(item: InputFile) -> pl.DataFrame:
@@ -50,11 +54,17 @@ def _parse_capture_manifest(item: InputFile) -> pl.DataFrame:
     return parse_capture_manifest(item)
 
 
-def _parse_pickle(item: InputFile) -> pl.DataFrame:
+def _parse_pickle(item: InputFile, *, as_rows: bool = False):
     """A pickle is a CUDA memory snapshot or a Flight Recorder dump: decided by its content, which is
-    unpickled once (unpickling is most of the cost of a dump, and a 16k-rank job has 16k of them)."""
+    unpickled once (unpickling is most of the cost of a dump, and a 16k-rank job has 16k of them).
+    A large dump of a known layout is decoded in part: only the entries the analysis keeps."""
+    from analyzer.parse.flight_recorder import ENTRIES_KEPT_PER_PG
+    from analyzer.parse.fr_partial import load_recent_entries
     from analyzer.parse.memsnapshot import is_memory_snapshot, load_pickle, snapshot_events
 
+    recent = load_recent_entries(item, ENTRIES_KEPT_PER_PG)
+    if recent is not None:
+        return _parse_flight_recorder(item, recent.doc, recent.total, as_rows=as_rows)
     try:
         doc = load_pickle(item)
     except INPUT_ERRORS:  # the Flight Recorder parser reads it again and says why, in its words
@@ -62,7 +72,7 @@ def _parse_pickle(item: InputFile) -> pl.DataFrame:
     if doc is not None and is_memory_snapshot(doc):
         item.format = "memory_snapshot"
         return snapshot_events(doc, file=item.path, rank=item.rank_hint)
-    return _parse_flight_recorder(item, doc)
+    return _parse_flight_recorder(item, doc, as_rows=as_rows)
 
 
 def _parse_kineto(item: InputFile) -> pl.DataFrame:
@@ -120,13 +130,14 @@ UNREAD_FORMATS = {
 }
 
 
-def parse_input(item: InputFile) -> pl.DataFrame:
-    """Events of one input; never raises for bad content (the reason lands on `item`)."""
+def parse_input(item: InputFile, parser=None) -> pl.DataFrame:
+    """Events of one input; never raises for bad content (the reason lands on `item`). `parser`
+    replaces the format's own (a pool worker's, which leaves a dump's events as rows)."""
     if item.status != "pending":
         return empty_events()
     if item.format in TEXT_FORMATS:
         return concat_events([*_parse_text_batches([item]), *_parse_nccl_tests([item])])
-    parser = PARSERS.get(item.format)
+    parser = parser or PARSERS.get(item.format)
     if parser is None:
         item.skip(UNREAD_FORMATS.get(item.format, f"format {item.format!r} is not read"))
         return empty_events()
@@ -139,8 +150,10 @@ def parse_input(item: InputFile) -> pl.DataFrame:
         item.status = "partial" if item.unparsed_lines and not events.height else "parsed"
         if item.status == "partial":
             item.reason = "no line of a known format"
-    ranks = events.get_column("rank").drop_nulls().unique().sort().to_list() if events.height else []
-    item.ranks = ranks
+    if isinstance(events, pl.DataFrame):
+        item.ranks = events.get_column("rank").drop_nulls().unique().sort().to_list() if events.height else []
+    else:  # a dump's rows (flight_recorder.DumpRows)
+        item.ranks = events.ranks
     return events
 
 
@@ -255,9 +268,24 @@ def _run_pool(chunks: list[list[InputFile]], workers: int) -> dict[int, tuple[pl
 
 
 def _parse_chunk(items: list[InputFile]) -> tuple[pl.DataFrame, list[tuple]]:
-    """Worker side: the chunk's events in order and each input's resulting table fields."""
-    events = concat_events([parse_input(item) for item in items])
-    return events, [(i.status, i.reason, i.format, i.ranks, i.lines, i.unparsed_lines) for i in items]
+    """Worker side: the chunk's events in order, one frame for all its dumps, and each input's
+    resulting table fields."""
+    from analyzer.parse.flight_recorder import rows_frame
+
+    frames: list[pl.DataFrame] = []
+    rows: list = []
+    for item in items:
+        parser = (lambda i: _parse_pickle(i, as_rows=True)) if item.format == "pickle" else None
+        events = parse_input(item, parser)
+        if isinstance(events, pl.DataFrame):
+            if events.height:  # a memory snapshot or a JSON dump: after the dumps before it
+                frames += [rows_frame(rows), events] if rows else [events]
+                rows = []
+        else:
+            rows.append(events)
+    if rows:
+        frames.append(rows_frame(rows))
+    return concat_events(frames), [(i.status, i.reason, i.format, i.ranks, i.lines, i.unparsed_lines) for i in items]
 
 
 def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:

@@ -19,6 +19,7 @@ import math
 import re
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any
@@ -83,14 +84,22 @@ class FlightRecorderError(ValueError):
     """The input is not a Flight Recorder dump this parser can read."""
 
 
-def parse_flight_recorder(item: InputFile, doc: object | None = None) -> tuple[pl.DataFrame, dict]:
+def parse_flight_recorder(item: InputFile, doc: object | None = None, total_entries: int | None = None) -> tuple[pl.DataFrame, dict]:
     """Events and a summary (`version`, `rank`, `entries`, `pgs`, `status`, `reason`) of one dump.
 
     `doc` is the dump already decoded by the caller (the pickle dispatcher unpickles once to tell
-    a memory snapshot from a dump); without it the file is read and decoded here.
-    Never raises for bad content: an unreadable, refused or malformed dump returns no events
-    with `status="error"` and the reason, so one bad file cannot abort the job.
+    a memory snapshot from a dump, or decodes only the entries kept: `fr_partial`, which then
+    gives the number of entries in the dump, `total_entries`); without it the file is read and
+    decoded here. Never raises for bad content: an unreadable, refused or malformed dump returns
+    no events with `status="error"` and the reason, so one bad file cannot abort the job.
     """
+    rows, info = flight_recorder_rows(item, doc, total_entries)
+    return (rows_frame([rows]) if rows is not None else empty_events()), info
+
+
+def flight_recorder_rows(item: InputFile, doc: object | None = None, total_entries: int | None = None) -> tuple[DumpRows | None, dict]:
+    """`parse_flight_recorder` with the events left as column lists (None: no events, see `info`),
+    for a caller that builds one frame for many dumps (`rows_frame`)."""
     rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path)
     info: dict[str, Any] = {"status": "error", "reason": "", "rank": rank, "ranks": [], "entries": 0}
     try:
@@ -100,23 +109,23 @@ def parse_flight_recorder(item: InputFile, doc: object | None = None) -> tuple[p
             doc = decode_dump(item.read_all(MAX_DUMP_BYTES), item.format)
     except UnsafePickleError as exc:
         info["reason"] = f"unsafe pickle, not loaded: {exc}"
-        return empty_events(), info
+        return None, info
     except (CorruptPickleError, FlightRecorderError) as exc:
         info["reason"] = str(exc)
-        return empty_events(), info
+        return None, info
     except (ValueError, OSError, EOFError, zlib.error, DecompressionLimit) as exc:
         info["reason"] = f"cannot read: {exc}"
-        return empty_events(), info
+        return None, info
     try:
-        events, summary = flight_recorder_events(doc, file=item.path, rank=rank)
+        rows, summary = dump_rows(doc, file=item.path, rank=rank, total_entries=total_entries)
     except FlightRecorderError as exc:
         info["reason"] = str(exc)
-        return empty_events(), info
+        return None, info
     info.update(summary)
     if rank is None:
         info["status"] = "partial"
         info["reason"] = "; ".join(filter(None, [info["reason"], "rank unknown: the file name carries no rank number"]))
-    return events, info
+    return rows, info
 
 
 def rank_from_name(path: str) -> int | None:
@@ -155,6 +164,13 @@ def decode_dump(data: bytes, fmt: str = "") -> object:
 
 def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple[pl.DataFrame, dict]:
     """Canonical events of one decoded dump (see the module docstring for the layouts accepted)."""
+    rows, summary = dump_rows(doc, file=file, rank=rank)
+    return rows_frame([rows]), summary
+
+
+def dump_rows(doc: object, *, file: str, rank: int | None, total_entries: int | None = None) -> tuple[DumpRows, dict]:
+    """The events of one decoded dump as column lists, and its summary. `total_entries`: the number
+    of entries in the dump when `doc` holds only those kept (`fr_partial`)."""
     ignored: list[str] = []
     if isinstance(doc, list):
         if doc and not any(isinstance(e, Mapping) and ("profiling_name" in e or "seq_id" in e) for e in doc[:16]):
@@ -173,12 +189,13 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
     if not isinstance(entries, list):
         raise FlightRecorderError("not a Flight Recorder dump: 'entries' is not a list")
     entries = [e for e in entries if type(e) is dict or isinstance(e, Mapping)]  # the ABC check only for odd types
-    total_entries = len(entries)
+    if total_entries is None:
+        total_entries = len(entries)
     entries = _recent_per_pg(entries)
     members = _pg_members(pg_config)
     entry_columns = _entry_columns(entries, members, rank)
     status_columns = _status_columns(pg_config, pg_status, members, rank)
-    events = _frame(file, rank, (len(entries), entry_columns), (len(status_columns.get("pg", [])), status_columns))
+    rows = DumpRows(file, rank, [(len(entries), entry_columns), (len(status_columns.get("pg", [])), status_columns)])
     pgs = sorted(
         set(members) | {_text(k) for k in pg_status} | {pg for pg in entry_columns.get("pg", []) if pg is not None},
         key=_pg_sort_key,
@@ -195,7 +212,7 @@ def flight_recorder_events(doc: object, *, file: str, rank: int | None) -> tuple
         "pgs": pgs,
         "pg_sizes": {pg: len(ranks) for pg, ranks in members.items()},
     }
-    return events, summary
+    return rows, summary
 
 
 def _mapping_field(doc: Mapping, key: str, ignored: list[str]) -> Mapping:
@@ -233,21 +250,41 @@ def _recent_per_pg(entries: list[Mapping]) -> list[Mapping]:
     return [entry for entry, kept in zip(entries, keep) if kept]
 
 
-def _frame(file: str, rank: int | None, *parts: tuple[int, dict[str, list]]) -> pl.DataFrame:
-    """One frame per dump straight from column lists: at 16k dumps per job, per-file polars
-    overhead (lazy plans, concat of small frames) would cost more than the entries themselves."""
-    total = sum(n for n, _ in parts)
-    constants = {"file": file, "rank": rank, "source": "flight_recorder", "severity": "info"}
+@dataclass
+class DumpRows:
+    """One dump's events as column lists: (row count, columns) per part, entries then pg status."""
+
+    file: str
+    rank: int | None
+    parts: list[tuple[int, dict[str, list]]]
+
+    @property
+    def height(self) -> int:
+        return sum(n for n, _ in self.parts)
+
+    @property
+    def ranks(self) -> list[int]:
+        return [self.rank] if self.rank is not None and self.height else []
+
+
+def rows_frame(dumps: list[DumpRows]) -> pl.DataFrame:
+    """One frame for many dumps straight from their column lists: at 16k dumps per job, per-dump
+    polars overhead (a frame each, then their concat) would cost more than the entries themselves."""
+    constants = {"source": "flight_recorder", "severity": "info"}
+    total = sum(d.height for d in dumps)
     series = []
     for name, dtype in EVENT_SCHEMA.items():
         if name in constants:
             values: list = [constants[name]] * total
-        elif len(parts) == 1:
-            values = parts[0][1].get(name) or [None] * total
+        elif name in ("file", "rank"):
+            values = []
+            for dump in dumps:
+                values.extend([getattr(dump, name)] * dump.height)
         else:
             values = []
-            for n, columns in parts:
-                values.extend(columns.get(name) or [None] * n)
+            for dump in dumps:
+                for n, columns in dump.parts:
+                    values.extend(columns.get(name) or [None] * n)
         if name == "ts":
             series.append(pl.Series(name, values, dtype=pl.Int64).cast(UTC_TS))  # epoch microseconds
         else:

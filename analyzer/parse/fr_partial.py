@@ -1,0 +1,288 @@
+"""Stage 2, parse (support): decode only the part of a Flight Recorder pickle the analysis keeps.
+
+A full ring buffer is thousands of entries, of which `flight_recorder._recent_per_pg` keeps the
+newest ENTRIES_KEPT_PER_PG of each process group; unpickling the rest is most of a dump's cost at
+16k ranks. Here one restricted load (`analyzer.io.safepickle`: every global refused, the same
+memory budget) reads the pickle with its middle entries cut out: the header and the first
+PREFIX_ENTRIES entries (they define the memo: keys, strings and shared frame dicts the later
+entries refer to), then the newest entries and everything after them. Entries are found by their
+byte signature: every entry dict of a protocol-2 dump (PyTorch's C++ pickler, or Python's) opens
+with EMPTY_DICT, an optional memo PUT, MARK and a memo GET of its first key.
+
+Any surprise gives None and the caller does the full load: another protocol or layout, a version
+whose entries are not the 2.x dicts, a signature that cannot be placed, a memo reference into the
+cut-out part (the loader refuses it), any load error, and a result that fails the checks below.
+What is checked proves the cut is at entry boundaries and loses nothing the analysis reads:
+
+* the entries decoded are dicts, as many as signatures were cut at, and their `record_id`s run
+  without a gap, so the first and last ids give the number of entries in the buffer; that must
+  equal the number of signatures in the list (a signature inside a string or a number adds one);
+* each entry's process group is one memo GET after the `process_group` key; those byte patterns,
+  counted over the list, must add up to the number of entries, so the groups of the cut-out entries
+  are known, and every group with entries cut out keeps ENTRIES_KEPT_PER_PG in the tail (else the
+  tail is widened once, to the oldest of those entries).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from analyzer.io import InputFile
+from analyzer.io.safepickle import load_bounded, restricted_unpickler
+
+PREFIX_ENTRIES = 32  # first entries decoded for the memo: a few training steps' worth
+MIN_BYTES = 64 << 10  # smaller dumps hold a few hundred entries at most: the full load is cheap
+MAX_BYTES = 64 << 20  # read whole into memory (real dumps are a few MB; larger ones stream in full)
+# The FR layouts whose entries carry `record_id` and a (name, desc) `process_group` (FORMATS.md 5.5).
+KNOWN_VERSIONS = frozenset({"2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10"})
+
+_PROTOCOL_2 = b"\x80\x02"
+_ENTRIES_KEY = b"X\x07\x00\x00\x00entries"  # BINUNICODE 'entries'
+_PG_KEY = "process_group"
+
+
+@dataclass
+class RecentEntries:
+    """A dump's header with the entries the analysis keeps (and the first ones); `total`: all entries."""
+
+    doc: dict
+    total: int
+
+
+@dataclass
+class _Layout:
+    start: int  # offset of the first entry
+    mark: bytes  # MARK + GET of the first key: the fixed part of every later entry's signature
+    put: bool  # entry dicts are memoized (Python's pickler): a PUT sits between EMPTY_DICT and MARK
+    first_matches: bool  # the first entry's own first key is a GET (defined before the list)
+
+
+def load_recent_entries(item: InputFile, keep: int) -> RecentEntries | None:
+    """The newest `keep` entries per process group of a large protocol-2 dump, or None (full load)."""
+    if item.size < MIN_BYTES or item.size > MAX_BYTES or item.format != "pickle":
+        return None
+    try:
+        data = item.read_all(MAX_BYTES)
+    except (OSError, ValueError, EOFError):
+        return None  # the full load reads it again and says why
+    return decode_recent(data, keep)
+
+
+def decode_recent(data: bytes, keep: int) -> RecentEntries | None:
+    """See the module docstring; None on any surprise."""
+    if data[:2] != _PROTOCOL_2:
+        return None
+    layout = _layout(data)
+    if layout is None:
+        return None
+    signatures = data.count(layout.mark, layout.start) + (0 if layout.first_matches else 1)
+    if signatures <= PREFIX_ENTRIES + keep:
+        return None  # nothing worth cutting out
+    cut = _nth_entry(data, layout, PREFIX_ENTRIES)
+    tail = _entry_from_end(data, layout, keep)
+    if cut is None or tail is None or tail <= cut:
+        return None
+    result = _load_checked(data, layout, cut, tail, signatures, keep, keep, may_widen=True)
+    if isinstance(result, int):  # a group with entries cut out has too few in the tail: widen once
+        wider = result
+        if wider <= cut:
+            return None
+        in_tail = signatures - _signatures_before(data, layout, wider)
+        result = _load_checked(data, layout, cut, wider, signatures, keep, in_tail, may_widen=False)
+    return result if isinstance(result, RecentEntries) else None
+
+
+# --- locating entries ------------------------------------------------------------------------------
+
+
+def _layout(data: bytes) -> _Layout | None:
+    """Where the entries list starts and how its entries open, from the bytes around its first entry."""
+    at = data.find(_ENTRIES_KEY)
+    while at != -1:
+        list_at = _after_put(data, at + len(_ENTRIES_KEY))
+        if data[list_at : list_at + 1] == b"]":
+            mark_at = _after_put(data, list_at + 1)
+            if data[mark_at : mark_at + 1] == b"(":
+                return _first_entry(data, mark_at + 1)
+        at = data.find(_ENTRIES_KEY, at + 1)
+    return None
+
+
+def _first_entry(data: bytes, start: int) -> _Layout | None:
+    if data[start : start + 1] != b"}":
+        return None
+    mark_at = _after_put(data, start + 1)
+    if data[mark_at : mark_at + 1] != b"(":
+        return None
+    key_at = mark_at + 1
+    op = data[key_at : key_at + 1]
+    if op in (b"h", b"j"):  # the first key was already memoized: the first entry has the signature too
+        index = _memo_index(data, key_at)
+        first_matches = True
+    elif op == b"X":
+        length = int.from_bytes(data[key_at + 1 : key_at + 5], "little")
+        put_at = key_at + 5 + length
+        if data[put_at : put_at + 1] not in (b"q", b"r"):
+            return None  # a key that is not memoized: later entries repeat it, no GET to look for
+        index = _memo_index(data, put_at)
+        first_matches = False
+    else:
+        return None
+    return _Layout(start=start, mark=b"(" + _get(index), put=mark_at != start + 1, first_matches=first_matches)
+
+
+def _after_put(data: bytes, at: int) -> int:
+    """Offset after an optional BINPUT/LONG_BINPUT at `at`."""
+    op = data[at : at + 1]
+    return at + 2 if op == b"q" else at + 5 if op == b"r" else at
+
+
+def _memo_index(data: bytes, at: int) -> int:
+    """The index of the memo opcode (BINGET/BINPUT: 1 byte; LONG_BINGET/LONG_BINPUT: 4) at `at`."""
+    if data[at : at + 1] in (b"h", b"q"):
+        return data[at + 1]
+    return int.from_bytes(data[at + 1 : at + 5], "little")
+
+
+def _get(index: int) -> bytes:
+    """The GET opcode both PyTorch's and Python's picklers write for memo `index`."""
+    return b"h" + bytes((index,)) if index < 256 else b"j" + index.to_bytes(4, "little")
+
+
+def _entry_head(data: bytes, mark_at: int, layout: _Layout) -> int | None:
+    """The offset of the EMPTY_DICT that opens the entry whose signature MARK is at `mark_at`."""
+    if not layout.put:
+        return mark_at - 1 if data[mark_at - 1 : mark_at] == b"}" else None
+    if data[mark_at - 6 : mark_at - 4] == b"}r":
+        return mark_at - 6
+    if data[mark_at - 3 : mark_at - 1] == b"}q":
+        return mark_at - 3
+    return None
+
+
+def _nth_entry(data: bytes, layout: _Layout, n: int) -> int | None:
+    """The offset of entry `n` (0-based) counting signatures from the start of the list."""
+    at = layout.start
+    for _ in range(n + 1 if layout.first_matches else n):
+        at = data.find(layout.mark, at + 1)
+        if at == -1:
+            return None
+    return _entry_head(data, at, layout)
+
+
+def _entry_from_end(data: bytes, layout: _Layout, n: int) -> int | None:
+    """The offset of the `n`-th entry from the end of the list (1 = the last)."""
+    at = len(data)
+    for _ in range(n):
+        at = data.rfind(layout.mark, layout.start, at)
+        if at == -1:
+            return None
+    return _entry_head(data, at, layout)
+
+
+def _entry_before(data: bytes, layout: _Layout, offset: int) -> int | None:
+    """The offset of the entry that holds byte `offset`."""
+    at = data.rfind(layout.mark, layout.start, offset)
+    return None if at == -1 else _entry_head(data, at, layout)
+
+
+# --- the load and its checks ---------------------------------------------------------------------
+
+
+def _load_checked(
+    data: bytes, layout: _Layout, cut: int, tail: int, signatures: int, keep: int, in_tail: int, *, may_widen: bool
+) -> RecentEntries | int | None:
+    """One restricted load of the bytes before `cut` and from `tail` on, and its checks: the result
+    when the cut is proven lossless, the offset of a wider tail when a process group needs more
+    entries than the tail holds, None on anything else."""
+    stream = io.BufferedReader(io.BytesIO(data[:cut] + data[tail:]), buffer_size=1 << 20)
+    unpickler = restricted_unpickler(stream)
+    try:
+        doc = load_bounded(unpickler)
+    except Exception:  # noqa: BLE001 - refused, corrupt, over budget: the full load says which
+        return None
+    if type(doc) is not dict:
+        return None
+    entries = doc.get("entries")
+    if doc.get("version") not in KNOWN_VERSIONS or type(entries) is not list:
+        return None
+    if len(entries) != PREFIX_ENTRIES + in_tail or not all(type(e) is dict for e in entries):
+        return None  # a signature that was no entry head, or entries that are not dicts
+    ids = [e.get("record_id") for e in entries]
+    if not all(type(i) is int for i in ids) or not (_consecutive(ids[:PREFIX_ENTRIES]) and _consecutive(ids[PREFIX_ENTRIES:])):
+        return None
+    total = ids[-1] - ids[0] + 1
+    if total != signatures:
+        return None  # a signature inside a string or a number, or a gap in the record ids
+    groups = _groups(data, layout, unpickler.memo.copy(), entries, total, cut, keep)
+    if groups is None:
+        return None
+    widen = [_entry_before(data, layout, oldest) for cut_out, kept, oldest in groups if cut_out and kept < keep]
+    if not widen:
+        return RecentEntries(doc=doc, total=total)
+    if None in widen or not may_widen:
+        return None  # no entry head to widen to, or already widened once
+    return min(widen)
+
+
+def _consecutive(ids: list[int]) -> bool:
+    return all(b == a + 1 for a, b in zip(ids, ids[1:]))
+
+
+def _signatures_before(data: bytes, layout: _Layout, offset: int) -> int:
+    return data.count(layout.mark, layout.start, offset) + (0 if layout.first_matches else 1)
+
+
+def _groups(
+    data: bytes, layout: _Layout, memo: dict, entries: list[dict], total: int, cut: int, keep: int
+) -> list[tuple[int, int, int]] | None:
+    """Per process group of the decoded entries: (entries cut out, entries decoded in the tail, offset
+    of the oldest group bytes a tail of `keep` entries of the group would need); None when the groups' byte
+    patterns do not account for every entry of the list."""
+    names = [_pg_name(e) for e in entries]
+    if None in names:
+        return None
+    keys = [index for index, value in memo.items() if type(value) is str and value == _PG_KEY]
+    wanted = set(names)
+    indices: dict[str, list[int]] = {}
+    for index, value in memo.items():
+        if type(value) is str and value in wanted:
+            indices.setdefault(value, []).append(index)
+    if len(keys) != 1 or any(len(indices.get(name, ())) != 1 for name in wanted):
+        return None  # a string memoized twice (or not at all): one byte pattern cannot count its entries
+    # Counted from the second entry on: the first one defines the key (and maybe the name) itself.
+    second = _nth_entry(data, layout, 1)
+    if second is None:
+        return None
+    prefix_names, tail_names = names[1:PREFIX_ENTRIES], names[PREFIX_ENTRIES:]
+    groups = []
+    counted = 1
+    for name in wanted:
+        pattern = _get(keys[0]) + _get(indices[name][0])
+        in_list = data.count(pattern, second)
+        counted += in_list
+        in_tail = tail_names.count(name)
+        cut_out = in_list - prefix_names.count(name) - in_tail
+        if cut_out < 0:
+            return None
+        groups.append((cut_out, in_tail, _oldest_needed(data, pattern, cut, keep) if cut_out else 0))
+    return groups if counted == total else None
+
+
+def _oldest_needed(data: bytes, pattern: bytes, cut: int, keep: int) -> int:
+    """The offset of the group's `keep`-th newest occurrence after `cut` (or its oldest one there)."""
+    at = len(data)
+    for _ in range(keep):
+        found = data.rfind(pattern, cut, at)
+        if found == -1:
+            break
+        at = found
+    return at
+
+
+def _pg_name(entry: dict) -> str | None:
+    group = entry.get(_PG_KEY)
+    if type(group) is tuple and len(group) == 2 and type(group[0]) is str:
+        return group[0]
+    return None
