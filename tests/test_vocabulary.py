@@ -238,6 +238,7 @@ C10D_HEADERS = (  # the prefixes ProcessGroupNCCL's lines carried over the relea
     "",
     "[E ProcessGroupNCCL.cpp:587] ",  # 1.10-2.1
     "[rank1]:[E ProcessGroupNCCL.cpp:523] ",  # 2.2-2.3
+    "[trainer4]:E0228 17:37:21.488888  9191 ProcessGroupNCCL.cpp:1405] [PG 3 Rank 4] ",  # glog's own prefix, 2.3
     "[rank1]:[E1003 18:37:01.833575187 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 1] ",  # 2.4
     "[rank3]:[E710 18:00:32.426302794 ProcessGroupNCCL.cpp:2395] [PG ID 0 PG GUID 0(default_pg) Rank 3] ",  # 2.5+
 )
