@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import polars as pl
 
 from analyzer.rules import Rule
+from analyzer.severities import SEVERITY_RANK
 
 _ROLE_ORDER = {"cause": 0, "context": 1, "symptom": 2}
-_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 @dataclass
@@ -47,7 +47,7 @@ def decide(findings: pl.DataFrame, rules: dict[str, Rule]) -> Decision:
         findings.join(meta, on="rule_id", how="left")
         .with_columns(
             pl.col("role").replace_strict(_ROLE_ORDER, default=3).alias("_role"),
-            pl.col("severity").replace_strict(_SEVERITY_ORDER, default=3).alias("_sev"),
+            pl.col("severity").replace_strict(SEVERITY_RANK, default=len(SEVERITY_RANK)).alias("_sev"),
             pl.col("priority").alias("_prio"),
             # A finding that names its culprit beats an equally ranked one that cannot.
             ((pl.col("ranks").list.len() > 0) | (pl.col("hosts").list.len() > 0)).alias("_named"),

@@ -55,9 +55,6 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
 
 EVENT_COLUMNS: list[str] = list(EVENT_SCHEMA)
 
-SEVERITIES = ("info", "warning", "error", "fatal")
-
-
 def empty_events() -> pl.DataFrame:
     return pl.DataFrame(schema=EVENT_SCHEMA)
 

@@ -21,6 +21,8 @@ from functools import cache
 from types import UnionType
 from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hints
 
+from analyzer.severities import Severity
+
 SCHEMA_VERSION = "1.3"  # 1.1: optional job.host_facts and checkpoints; 1.2: inputs[].capped;
 # 1.3: job.world_size_source/_stated, job.time_span, job.facts_conflicts, verdict.culprit_gpus
 SCHEMA_ID = f"https://postmortem.local/schema/report-{SCHEMA_VERSION}.json"
@@ -47,7 +49,6 @@ class Enum:
 
 Category = Annotated[str, Enum("category")]
 Component = Annotated[str, Enum("checkpoint_component")]
-Severity = Literal["error", "warning", "info"]
 Count = Annotated[int, Meta(minimum=0)]
 Confidence = Annotated[float, Meta(minimum=0, maximum=1)]
 OPTIONAL = Meta(required=False)

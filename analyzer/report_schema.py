@@ -23,7 +23,7 @@ DESCRIPTION = (
     "The JSON contract of `postmortem analyze --format json`, schema_version 1.x (this file documents "
     f"{SCHEMA_VERSION}). Keys are stable; new optional keys may be added in minor versions. Written only when the "
     "command exits 0 (nothing found) or 1 (failure identified). Generated from the report model, analyzer/report.py "
-    "(`python -m analyzer.report --schema > schema/report.schema.json`): change the model, not this file."
+    "(`python -m analyzer.report_schema > schema/report.schema.json`): change the model, not this file."
 )
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -18,8 +19,8 @@ import polars as pl
 
 from analyzer.categories import CATEGORIES
 from analyzer.resources import data_dir
+from analyzer.severities import LINE_LEVELS, SEVERITIES
 
-SEVERITIES = frozenset({"error", "warning", "info"})
 ROLES = frozenset({"cause", "symptom", "context"})
 ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "none"})
 TOP_KEYS = frozenset(
@@ -149,7 +150,7 @@ def _paragraphs(text: str) -> str:
                        for block in text.strip().split("\n\n"))
 
 
-def _check_member(path: Path, key: str, value: str, allowed: frozenset[str]) -> None:
+def _check_member(path: Path, key: str, value: str, allowed: Collection[str]) -> None:
     if value not in allowed:
         raise RuleError(f"{path.name}: {key} {value!r} is not one of {sorted(allowed)}")
 
@@ -163,8 +164,8 @@ def _check_kinds(path: Path, match: dict) -> None:
         if kind not in known_kinds() and vocab_category not in CATEGORIES:
             raise RuleError(f"{path.name}: [match].kinds {kind!r} is not a known event kind (grammars/line_kinds.toml or vocab.<category>)")
     for severity in match.get("severity", []):
-        if severity not in SEVERITIES | {"fatal"}:
-            raise RuleError(f"{path.name}: [match].severity {severity!r} is not one of {sorted(SEVERITIES | {'fatal'})}")
+        if severity not in LINE_LEVELS:
+            raise RuleError(f"{path.name}: [match].severity {severity!r} is not one of {sorted(LINE_LEVELS)}")
 
 
 def _check_patterns(path: Path, match: dict) -> None:

@@ -20,6 +20,7 @@ STAGE_OF = {
     "analyzer.exits": "common",
     "analyzer.events": "common",
     "analyzer.categories": "common",
+    "analyzer.severities": "common",
     "analyzer.resources": "common",
     "analyzer.findings": "common",
     "analyzer.io": "io",

@@ -20,8 +20,8 @@ import polars as pl
 
 from analyzer.parse.literals import covers, required_literals
 from analyzer.resources import data_dir
+from analyzer.severities import SEVERITIES
 
-SEVERITIES = frozenset({"error", "warning", "info"})
 FAMILIES = frozenset({"nccl", "nccl_warn"})
 # An NCCL WARN line is recognised by its header, whose level word is spelled `WARN` (classify._NCCL).
 FAMILY_LITERALS = {"nccl_warn": ("WARN",)}
