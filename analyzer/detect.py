@@ -19,6 +19,8 @@ from analyzer.rules import Rule, catalogue
 
 MAX_EVIDENCE_PER_FINDING = 50
 _RANK_MENTION = r"\brank (\d+)\b"
+# c10d names the rank it waited for with a capital (`Rank 3 timed out in monitoredBarrier`).
+_ABSENT_MENTION = r"\b[Rr]anks? \d+\b"
 # A host the line itself names as the one that failed (`host=<h> was not reachable via ssh`, `ssh: Could
 # not resolve hostname <h>`, `connect to host <h> port 22`): the culprit when the line's writer is unknown.
 _HOST_MENTION = r"\b(?:host=|hostname |to host )([A-Za-z0-9][\w\-]*(?:\.[\w\-]+)*)"
@@ -103,8 +105,11 @@ def _aggregate(rule: Rule, hits: pl.DataFrame, job: JobContext) -> dict:
         hosts = [job.rank_hosts[r] for r in ranks if r in job.rank_hosts]
     elif rule.attribution == "job_hosts":
         hosts = list(job.hosts)
+    elif rule.attribution == "absent":
+        ranks = _absent_ranks(hits, job)
+        hosts = [job.rank_hosts[r] for r in ranks if r in job.rank_hosts]
     first_message = hits.get_column("message").drop_nulls().head(1).to_list()
-    where = _where(ranks, hosts)
+    where = "" if rule.attribution == "absent" else _where(ranks, hosts)  # the culprits wrote none of the lines
     summary = f"{hits.height} matching line{'s' if hits.height != 1 else ''}{where}"
     if first_message:
         summary += f": {first_message[0][:300]}"
@@ -116,6 +121,19 @@ def _aggregate(rule: Rule, hits: pl.DataFrame, job: JobContext) -> dict:
         summary=summary,
         evidence=hits.get_column("event_id").head(MAX_EVIDENCE_PER_FINDING).to_list(),
     )
+
+
+def _absent_ranks(hits: pl.DataFrame, job: JobContext) -> list[int]:
+    """`absent`: the lines are written by ranks left waiting for others. The culprits are the ranks a
+    line names other than its writer (rank 0 reporting `Rank 3 timed out in monitoredBarrier`), else
+    the job's ranks that wrote no such line (`waitForInput ... timed out` on every rank but the busy one)."""
+    waiting = set(hits.get_column("rank").drop_nulls().to_list())
+    mentions = hits.get_column("message").fill_null("").str.extract_all(_ABSENT_MENTION).explode().drop_nulls()
+    named = set(mentions.str.extract(r"(\d+)").cast(pl.Int64, strict=False).drop_nulls().to_list()) - waiting
+    if named:
+        return sorted(named)
+    absent = set(range(job.world_size or 0)) - waiting
+    return sorted(absent) if waiting and absent else []
 
 
 def _where(ranks: list[int], hosts: list[str]) -> str:

@@ -22,7 +22,7 @@ from analyzer.resources import data_dir
 from analyzer.severities import LINE_LEVELS, SEVERITIES
 
 ROLES = frozenset({"cause", "symptom", "context"})
-ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "none"})
+ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "absent", "none"})
 TOP_KEYS = frozenset(
     {"id", "title", "category", "severity", "role", "priority", "confidence", "attribution", "explanation",
      "remediation", "references", "match", "analysis", "tests", "fallback", "cause_of", "reported_alone"}

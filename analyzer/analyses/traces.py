@@ -18,7 +18,8 @@ in `detail` as JSON; the memory-snapshot parser emits `memory.snapshot` / `memor
 * `memory_fragmentation`: free memory stranded inside partly used allocator segments; with the
   snapshot's OOM, whether the failed request would have fitted had that memory been contiguous.
 * `oom_reserved_unallocated`: a CUDA OOM message whose "reserved by PyTorch but unallocated"
-  memory is at least the request that failed.
+  memory is at least the request that failed (`memory-oom-idle-cache-fragmented` when it is also
+  more than the live tensors take).
 
 The tables here have one row per rank (or per step of a rank), never per kernel.
 """
@@ -457,6 +458,7 @@ def oom_reserved_unallocated(events: pl.DataFrame, job: JobContext) -> pl.DataFr
     measured = lines.with_columns(
         request.alias("request"),
         pl.coalesce(_bytes(rf"{_AMOUNT} is reserved by PyTorch but unallocated"), old_wording).alias("unallocated"),
+        pl.coalesce(_bytes(rf"{_AMOUNT} is allocated by PyTorch"), allocated).alias("allocated"),
     ).filter(
         pl.col("request").is_not_null()
         & (pl.col("unallocated") >= pl.col("request"))
@@ -471,13 +473,18 @@ def oom_reserved_unallocated(events: pl.DataFrame, job: JobContext) -> pl.DataFr
         f"CUDA out of memory{where} with {_size(worst['unallocated'])} reserved by PyTorch but unallocated, at least the "
         f"{_size(worst['request'])} that was requested: the free memory is split into blocks too small for the request"
     )
+    # Idle cache above the live tensors: most of what the allocator holds is unused, so the model's own
+    # need cannot explain the failure; a card nearly full of live tensors (a few GiB of holes) can.
+    idle = worst["allocated"] is not None and worst["unallocated"] >= worst["allocated"]
+    if idle:
+        summary += f", and more than the {_size(worst['allocated'])} the live tensors take"
     return findings_frame(
         [
             finding(
-                "memory-oom-reserved-unallocated",
+                "memory-oom-idle-cache-fragmented" if idle else "memory-oom-reserved-unallocated",
                 ranks=ranks,
                 hosts=measured.get_column("host").drop_nulls().unique().to_list(),
-                confidence=0.6,
+                confidence=0.7 if idle else 0.6,
                 summary=summary,
                 evidence=measured.get_column("event_id").head(MAX_EVIDENCE).to_list(),
             )
