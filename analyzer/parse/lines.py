@@ -26,7 +26,7 @@ _PREFIX = (
     # `host tag[pid]: `; the tag must be `kernel` or carry a pid, so `Epoch 3: ...` is no header.
     r"(?:(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )?(?P<syslog_host>[\w.\-]+) (?:kernel|[\w.\-/]+\[\d+\]): )?"
     r"(?:\((?:[\w.]+ )?pid=(?P<ray_pid>\d+)(?:, ip=[\d.]+)?\)\s+)?"
-    r"(?:\[\d+,(?P<mpi_rank>\d+)\]<std(?:out|err)>:)?"
+    r"(?:\[(?:\d+,)?(?P<mpi_rank>\d+)\]<std(?:out|err)>:)?"  # Open MPI `[1,3]`, Horovod's Gloo driver `[3]`
     r"(?:\[(?P<bracket_rank>\d+)\]\s)?"
     r"(?:(?P<label_rank>\d{1,6}):\s)?"
     r"(?:\[(?P<acc_host>[\w.\-]+):(?P<acc_local>\d+)\]:\s*)?"
@@ -42,8 +42,9 @@ _HOST_LABEL_MIN_SHARE = 0.3
 # hyphen too but are no host names.
 _HEADER_WORD = r"^(?:[A-Z][a-z]+-)+[A-Z][a-z]+$"
 # A shell prompt (`user@host:~$ nvidia-smi`, `[root@host dir]# cmd`, zsh's `user@host ~ % cmd`) names the
-# machine whose output follows it in the same file: the host of the lines after it that name none.
-_PROMPT_HOST = r"^\[?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*)(?::[^\s$#%]*|\s+[^\s$#%\]]+)?\]?\s?[$#%](?:\s|$)"
+# machine whose output follows it in the same file: the host of the lines after it that name none. A conda or
+# virtualenv prompt puts the environment's name first (`(base) user@host:/tmp$ ray start`).
+_PROMPT_HOST = r"^(?:\([\w.\-]+\)\s)?\[?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*)(?::[^\s$#%]*|\s+[^\s$#%\]]+)?\]?\s?[$#%](?:\s|$)"
 
 
 def lines_frame_many(chunks: list[tuple[str, str, int]]) -> pl.DataFrame:
