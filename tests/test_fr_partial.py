@@ -196,15 +196,25 @@ def _layout_mark(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("writer", ["torch", "python"])
-@pytest.mark.parametrize("where", [500, 1990, 1999])
-def test_signature_inside_a_string_falls_back(writer, where, monkeypatch):
+@pytest.mark.parametrize("where", [1950, 1990, 1999, 5, 31])
+def test_signature_inside_a_string_where_the_cut_is_searched_falls_back(writer, where, monkeypatch):
     doc = _big(writer)
     mark = _layout_mark(_bytes(doc, writer)).decode("latin-1")
-    # A frame name holding an entry's opening bytes: in the cut-out middle, in the tail, in the last entry.
-    entry = doc["entries"][where]
-    entry["frames"] = [{"name": "}" + mark + "]", "filename": "x.py", "line": 1}]
+    # A frame name holding an entry's opening bytes, in the tail or the first entries.
+    doc["entries"][where]["frames"] = [{"name": "}" + mark + "]", "filename": "x.py", "line": 1}]
     data = _bytes(doc, writer)
     assert fr_partial.decode_recent(data, KEEP) is None
+    _assert_same_as_full(data, monkeypatch)
+
+
+@pytest.mark.parametrize("writer", ["torch", "python"])
+def test_signature_inside_a_string_of_the_cut_out_part_is_harmless(writer, monkeypatch):
+    """Nothing is cut there: the decode holds, and equals the full one."""
+    doc = _big(writer)
+    mark = _layout_mark(_bytes(doc, writer)).decode("latin-1")
+    doc["entries"][1000]["frames"] = [{"name": "}" + mark + "]", "filename": "x.py", "line": 1}]
+    data = _bytes(doc, writer)
+    assert fr_partial.decode_recent(data, KEEP) is not None
     _assert_same_as_full(data, monkeypatch)
 
 

@@ -300,24 +300,27 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
     if not n:
         return {}
     names = [_text(e.get("profiling_name")) or "" for e in entries]
-    bare = [name.split(":", 1)[1].strip() if ":" in name else name.strip() for name in names]
-    bases = [b.split(" ", 1)[0].lower() for b in bare]
-    ops = [OP_NAMES.get(b) or b.upper() for b in bases]
+    parsed = {name: _op_of(name) for name in set(names)}  # a dump repeats a handful of names
+    bare = [parsed[name][0] for name in names]
+    ops = [parsed[name][1] for name in names]
     is_p2p = [_is_p2p(e.get("is_p2p"), op) for e, op in zip(entries, ops)]
-    coll_seq = [_int(e["collective_seq_id"] if "collective_seq_id" in e else e.get("seq_id")) for e in entries]
-    p2p_seq = [_int(e.get("p2p_seq_id")) for e in entries]
+    coll_seq = _int_column([e["collective_seq_id"] if "collective_seq_id" in e else e.get("seq_id") for e in entries])
+    p2p_seq = _int_column([e.get("p2p_seq_id") for e in entries])
     seq = [p if (flag and p is not None) else c for flag, p, c in zip(is_p2p, p2p_seq, coll_seq)]
     pgs = [_pg_of(e) for e in entries]
     states = [_text(e.get("state")) for e in entries]
     in_sizes = [e.get("input_sizes") or [] for e in entries]
     out_sizes = [e.get("output_sizes") or [] for e in entries]
+    in_ok = [_shapes_ok(s) for s in in_sizes]  # checked once, read by the numel and the record text
+    out_ok = [_shapes_ok(s) for s in out_sizes]
     in_dtypes = _dtype_column(entries, "input_dtypes")
     out_dtypes = _dtype_column(entries, "output_dtypes")
     created = [_created_ns(e) for e in entries]
     own = {pg: _pg_rank_of(members.get(pg), rank) for pg in set(pgs)}
     records = [
-        f"pg {pg} #{s} {op} state={st} in={_sizes_text(i)} {idt} out={_sizes_text(o)} {odt} ({name})"
-        for pg, s, op, st, i, idt, o, odt, name in zip(pgs, seq, ops, states, in_sizes, in_dtypes, out_sizes, out_dtypes, names)
+        f"pg {pg} #{s} {op} state={st} in={_sizes_text(i, iok)} {idt} out={_sizes_text(o, ook)} {odt} ({name})"
+        for pg, s, op, st, i, iok, idt, o, ook, odt, name
+        in zip(pgs, seq, ops, states, in_sizes, in_ok, in_dtypes, out_sizes, out_ok, out_dtypes, names)
     ]
     sizes = {pg: len(ranks) for pg, ranks in members.items()}
     return {
@@ -330,9 +333,9 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
         "nranks": [sizes.get(pg) for pg in pgs],
         "seq": seq,
         "op": ops,
-        "numel_in": _numel_column(in_sizes),
-        "numel_out": _numel_column(out_sizes),
-        "timeout_ms": [_int(e.get("timeout_ms")) for e in entries],
+        "numel_in": _numel_column(in_sizes, in_ok),
+        "numel_out": _numel_column(out_sizes, out_ok),
+        "timeout_ms": _int_column([e.get("timeout_ms") for e in entries]),
         "code": states,
         "message": records,
         # A dump entry has no line of text: its evidence quotes the record (pg, seq, op, sizes,
@@ -341,6 +344,18 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
         "peer": [_p2p_peer(b, members.get(pg)) if flag else None for b, flag, pg in zip(bare, is_p2p, pgs)],
         "detail": _frames_column(entries),
     }
+
+
+def _op_of(name: str) -> tuple[str, str]:
+    """`nccl:all_reduce` -> (the name after the backend, the WorkNCCL op type)."""
+    bare = name.split(":", 1)[1].strip() if ":" in name else name.strip()
+    base = bare.split(" ", 1)[0].lower()
+    return bare, OP_NAMES.get(base) or base.upper()
+
+
+def _int_column(values: list) -> list[int | None]:
+    """`_int` of each value, with the common case (an int64 int) inline: this runs per entry."""
+    return [v if type(v) is int and INT64_MIN <= v <= INT64_MAX else _int(v) for v in values]
 
 
 def _status_columns(
@@ -401,11 +416,26 @@ MAX_FRAMES = 64
 
 
 def _frames_column(entries: list[Mapping]) -> list[str | None]:
+    """The stack of each entry. The recorder shares one dict per distinct frame between entries (one
+    memo entry each in the pickle), so a stack is joined once per distinct run of frame objects."""
+    texts: dict[tuple[int, ...], str | None] = {}
+    column = []
     try:
-        return [" <- ".join([f"{_plain(f['name'])} ({_plain(f['filename'])}:{_plain(f['line'])})"
-                             for f in e["frames"][:MAX_FRAMES]]) or None for e in entries]
+        for entry in entries:
+            frames = entry["frames"][:MAX_FRAMES]
+            key = tuple(map(id, frames))  # the entries keep every frame alive: ids are stable here
+            text = texts.get(key, _UNSEEN)
+            if text is _UNSEEN:
+                text = texts[key] = " <- ".join(
+                    [f"{_plain(f['name'])} ({_plain(f['filename'])}:{_plain(f['line'])})" for f in frames]
+                ) or None
+            column.append(text)
     except (KeyError, TypeError):
         return [_frames_text(e.get("frames")) for e in entries]
+    return column
+
+
+_UNSEEN = object()
 
 
 def _plain(value: object) -> object:
@@ -432,8 +462,8 @@ def _shapes_ok(sizes: object) -> bool:
     return True
 
 
-def _numel_column(sizes: list) -> list[int | None]:
-    numels = [sum(map(math.prod, s)) if _shapes_ok(s) else None for s in sizes]
+def _numel_column(sizes: list, ok: list[bool]) -> list[int | None]:
+    numels = [sum(map(math.prod, s)) if good else None for s, good in zip(sizes, ok)]
     return [n if n is None or n <= INT64_MAX else None for n in numels]
 
 
@@ -490,8 +520,8 @@ def _created_ns(entry: Mapping) -> int | None:
     return ns if ns else None  # None and 0 both mean "unknown"
 
 
-def _sizes_text(sizes: object) -> str:
-    text = (str(sizes) if _shapes_ok(sizes) else bounded_str(sizes, 512)).replace(" ", "")
+def _sizes_text(sizes: object, ok: bool) -> str:
+    text = (str(sizes) if ok else bounded_str(sizes, 512)).replace(" ", "")
     return text.replace("(", "[").replace(")", "]") if "(" in text else text
 
 

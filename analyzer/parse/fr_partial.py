@@ -14,13 +14,15 @@ whose entries are not the 2.x dicts, a signature that cannot be placed, a memo r
 cut-out part (the loader refuses it), any load error, and a result that fails the checks below.
 What is checked proves the cut is at entry boundaries and loses nothing the analysis reads:
 
-* the entries decoded are dicts, as many as signatures were cut at, and their `record_id`s run
-  without a gap, so the first and last ids give the number of entries in the buffer; that must
-  equal the number of signatures in the list (a signature inside a string or a number adds one);
-* each entry's process group is one memo GET after the `process_group` key; those byte patterns,
-  counted over the list, must add up to the number of entries, so the groups of the cut-out entries
-  are known, and every group with entries cut out keeps ENTRIES_KEPT_PER_PG in the tail (else the
-  tail is widened once, to the oldest of those entries).
+* the entries decoded are dicts, as many as signatures were cut at (a signature inside a string or
+  a number where the cut is searched for leaves one entry short), and their `record_id`s run
+  without a gap on each side of the cut, so the first and last ids give the number of entries in
+  the buffer;
+* each entry's process group is written as GETs of the `process_group` key, the group's name and
+  its desc, then TUPLE2; those byte patterns, counted over the list, must add up to that number, so
+  every cut-out entry belongs to a group that was decoded (an entry of another group, or one gap
+  in the record ids, and the sum is off); and every group with entries cut out keeps its newest
+  `keep` entries in the tail (else the tail is widened once, to the oldest of those entries).
 """
 
 from __future__ import annotations
@@ -76,20 +78,14 @@ def decode_recent(data: bytes, keep: int) -> RecentEntries | None:
     layout = _layout(data)
     if layout is None:
         return None
-    signatures = data.count(layout.mark, layout.start) + (0 if layout.first_matches else 1)
-    if signatures <= PREFIX_ENTRIES + keep:
-        return None  # nothing worth cutting out
     cut = _nth_entry(data, layout, PREFIX_ENTRIES)
     tail = _entry_from_end(data, layout, keep)
     if cut is None or tail is None or tail <= cut:
-        return None
-    result = _load_checked(data, layout, cut, tail, signatures, keep, keep, may_widen=True)
+        return None  # too few entries to be worth cutting (or no signature where one should be)
+    result = _load_checked(data, layout, cut, tail, keep, keep, may_widen=True)
     if isinstance(result, int):  # a group with entries cut out has too few in the tail: widen once
-        wider = result
-        if wider <= cut:
-            return None
-        in_tail = signatures - _signatures_before(data, layout, wider)
-        result = _load_checked(data, layout, cut, wider, signatures, keep, in_tail, may_widen=False)
+        in_tail = data.count(layout.mark, result)
+        result = _load_checked(data, layout, cut, result, keep, in_tail, may_widen=False)
     return result if isinstance(result, RecentEntries) else None
 
 
@@ -191,11 +187,13 @@ def _entry_before(data: bytes, layout: _Layout, offset: int) -> int | None:
 
 
 def _load_checked(
-    data: bytes, layout: _Layout, cut: int, tail: int, signatures: int, keep: int, in_tail: int, *, may_widen: bool
+    data: bytes, layout: _Layout, cut: int, tail: int, keep: int, in_tail: int, *, may_widen: bool
 ) -> RecentEntries | int | None:
-    """One restricted load of the bytes before `cut` and from `tail` on, and its checks: the result
-    when the cut is proven lossless, the offset of a wider tail when a process group needs more
-    entries than the tail holds, None on anything else."""
+    """One restricted load of the bytes before `cut` and from `tail` on (`in_tail` signatures), and
+    its checks: the result when the cut is proven lossless, the offset of a wider tail when a
+    process group needs more entries than the tail holds, None on anything else."""
+    if tail <= cut:
+        return None
     stream = io.BufferedReader(io.BytesIO(data[:cut] + data[tail:]), buffer_size=1 << 20)
     unpickler = restricted_unpickler(stream)
     try:
@@ -213,11 +211,9 @@ def _load_checked(
     if not all(type(i) is int for i in ids) or not (_consecutive(ids[:PREFIX_ENTRIES]) and _consecutive(ids[PREFIX_ENTRIES:])):
         return None
     total = ids[-1] - ids[0] + 1
-    if total != signatures:
-        return None  # a signature inside a string or a number, or a gap in the record ids
     groups = _groups(data, layout, unpickler.memo.copy(), entries, total, cut, keep)
     if groups is None:
-        return None
+        return None  # the entries of the list are not all accounted for
     widen = [_entry_before(data, layout, oldest) for cut_out, kept, oldest in groups if cut_out and kept < keep]
     if not widen:
         return RecentEntries(doc=doc, total=total)
@@ -230,44 +226,48 @@ def _consecutive(ids: list[int]) -> bool:
     return all(b == a + 1 for a, b in zip(ids, ids[1:]))
 
 
-def _signatures_before(data: bytes, layout: _Layout, offset: int) -> int:
-    return data.count(layout.mark, layout.start, offset) + (0 if layout.first_matches else 1)
-
-
 def _groups(
     data: bytes, layout: _Layout, memo: dict, entries: list[dict], total: int, cut: int, keep: int
 ) -> list[tuple[int, int, int]] | None:
     """Per process group of the decoded entries: (entries cut out, entries decoded in the tail, offset
-    of the oldest group bytes a tail of `keep` entries of the group would need); None when the groups' byte
-    patterns do not account for every entry of the list."""
-    names = [_pg_name(e) for e in entries]
-    if None in names:
+    of the oldest group bytes a tail of `keep` entries of the group would need); None unless the
+    groups' byte patterns account for every one of the `total` entries the record ids span."""
+    groups = [_pg_of(e) for e in entries]
+    if None in groups:
         return None
-    keys = [index for index, value in memo.items() if type(value) is str and value == _PG_KEY]
-    wanted = set(names)
+    wanted = {_PG_KEY, *(name for name, _ in groups), *(desc for _, desc in groups)}
     indices: dict[str, list[int]] = {}
     for index, value in memo.items():
         if type(value) is str and value in wanted:
             indices.setdefault(value, []).append(index)
-    if len(keys) != 1 or any(len(indices.get(name, ())) != 1 for name in wanted):
+    if any(len(indices.get(text, ())) != 1 for text in wanted):
         return None  # a string memoized twice (or not at all): one byte pattern cannot count its entries
-    # Counted from the second entry on: the first one defines the key (and maybe the name) itself.
+    key = _get(indices[_PG_KEY][0])
+    # Counted from the second entry on: the first one writes the key (and maybe the group) itself.
     second = _nth_entry(data, layout, 1)
     if second is None:
         return None
-    prefix_names, tail_names = names[1:PREFIX_ENTRIES], names[PREFIX_ENTRIES:]
-    groups = []
+    prefix, tail = groups[1:PREFIX_ENTRIES], groups[PREFIX_ENTRIES:]
+    per_name: dict[str, list[int]] = {}
     counted = 1
-    for name in wanted:
-        pattern = _get(keys[0]) + _get(indices[name][0])
+    for group in set(groups):
+        name, desc = group
+        # GET key, GET name, GET desc, TUPLE2: how both picklers write a (name, desc) tuple of memoized strings.
+        pattern = key + _get(indices[name][0]) + _get(indices[desc][0]) + b"\x86"
         in_list = data.count(pattern, second)
         counted += in_list
-        in_tail = tail_names.count(name)
-        cut_out = in_list - prefix_names.count(name) - in_tail
+        in_tail = tail.count(group)
+        cut_out = in_list - prefix.count(group) - in_tail
         if cut_out < 0:
             return None
-        groups.append((cut_out, in_tail, _oldest_needed(data, pattern, cut, keep) if cut_out else 0))
-    return groups if counted == total else None
+        oldest = _oldest_needed(data, pattern, cut, keep) if cut_out else len(data)
+        totals = per_name.setdefault(name, [0, 0, len(data)])
+        totals[0] += cut_out
+        totals[1] += in_tail
+        totals[2] = min(totals[2], oldest)
+    if counted != total:
+        return None
+    return [tuple(v) for v in per_name.values()]
 
 
 def _oldest_needed(data: bytes, pattern: bytes, cut: int, keep: int) -> int:
@@ -281,8 +281,8 @@ def _oldest_needed(data: bytes, pattern: bytes, cut: int, keep: int) -> int:
     return at
 
 
-def _pg_name(entry: dict) -> str | None:
+def _pg_of(entry: dict) -> tuple[str, str] | None:
     group = entry.get(_PG_KEY)
-    if type(group) is tuple and len(group) == 2 and type(group[0]) is str:
-        return group[0]
+    if type(group) is tuple and len(group) == 2 and type(group[0]) is str and type(group[1]) is str:
+        return group
     return None
