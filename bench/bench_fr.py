@@ -101,8 +101,11 @@ def _analyse(directory: Path, spec, pool_min: int | None, src: Path | None) -> N
     right = verdict["culprit_ranks"] == [spec.culprit]
     print(f"{spec.world} ranks x {spec.entries} entries (culprit {spec.culprit}, dump of rank {spec.missing[0]} missing), "
           f"load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} on {os.cpu_count()} cores")
+    after = os.getloadavg()
+    cpu = result["cpu_self"] + result["cpu_children"]
     print(f"  analyze(): {result['wall']:.2f} s wall ({wall:.2f} s with interpreter start-up), "
-          f"CPU {result['cpu_self']:.1f} s main + {result['cpu_children']:.1f} s parse workers; "
+          f"CPU {cpu:.1f} s = {result['cpu_self']:.1f} s main + {result['cpu_children']:.1f} s parse workers "
+          f"({cpu / spec.world * 1000:.2f} ms a dump); load average {after[0]:.1f} at the end; "
           f"parse pool minimum {result['pool_min']} dumps" + (f"; analyzer from {src}" if src else ""))
     print(f"  stages (s): {stages}")
     print(f"  peak RSS: {result['rss_self_mib']:.0f} MiB main process, {result['rss_children_mib']:.0f} MiB largest parse worker; "

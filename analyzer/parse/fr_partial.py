@@ -42,6 +42,7 @@ KNOWN_VERSIONS = frozenset({"2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.
 _PROTOCOL_2 = b"\x80\x02"
 _ENTRIES_KEY = b"X\x07\x00\x00\x00entries"  # BINUNICODE 'entries'
 _PG_KEY = "process_group"
+_PG_KEY_BYTES = b"X\x0d\x00\x00\x00process_group"  # BINUNICODE 'process_group'
 
 
 @dataclass
@@ -65,7 +66,10 @@ def load_recent_entries(item: InputFile, keep: int) -> RecentEntries | None:
     if item.size < MIN_BYTES or item.size > MAX_BYTES or item.format != "pickle":
         return None
     try:
-        data = item.read_all(MAX_BYTES)
+        try:
+            data = item.read_all(item.size)  # sized to the file: a 64 MB read buffer costs more than the read
+        except ValueError:  # more bytes than its size: a compressed dump
+            data = item.read_all(MAX_BYTES)
     except (OSError, ValueError, EOFError):
         return None  # the full load reads it again and says why
     return decode_recent(data, keep)
@@ -211,9 +215,9 @@ def _load_checked(
     if not all(type(i) is int for i in ids) or not (_consecutive(ids[:PREFIX_ENTRIES]) and _consecutive(ids[PREFIX_ENTRIES:])):
         return None
     total = ids[-1] - ids[0] + 1
-    groups = _groups(data, layout, unpickler.memo.copy(), entries, total, cut, keep)
+    groups = _groups(data, layout, unpickler, entries, total, cut, tail, keep)
     if groups is None:
-        return None  # the entries of the list are not all accounted for
+        return None  # the cut-out entries are not all accounted for
     widen = [_entry_before(data, layout, oldest) for cut_out, kept, oldest in groups if cut_out and kept < keep]
     if not widen:
         return RecentEntries(doc=doc, total=total)
@@ -227,47 +231,70 @@ def _consecutive(ids: list[int]) -> bool:
 
 
 def _groups(
-    data: bytes, layout: _Layout, memo: dict, entries: list[dict], total: int, cut: int, keep: int
+    data: bytes, layout: _Layout, unpickler, entries: list[dict], total: int, cut: int, tail: int, keep: int
 ) -> list[tuple[int, int, int]] | None:
-    """Per process group of the decoded entries: (entries cut out, entries decoded in the tail, offset
-    of the oldest group bytes a tail of `keep` entries of the group would need); None unless the
-    groups' byte patterns account for every one of the `total` entries the record ids span."""
+    """Per process group name of the decoded entries: (entries cut out, entries decoded in the tail,
+    offset of the oldest group bytes a tail of `keep` entries of the group would need); None unless
+    the groups' byte patterns in the cut-out bytes account for every entry the record ids say is there."""
     groups = [_pg_of(e) for e in entries]
     if None in groups:
         return None
-    wanted = {_PG_KEY, *(name for name, _ in groups), *(desc for _, desc in groups)}
-    indices: dict[str, list[int]] = {}
-    for index, value in memo.items():
-        if type(value) is str and value in wanted:
-            indices.setdefault(value, []).append(index)
-    if any(len(indices.get(text, ())) != 1 for text in wanted):
-        return None  # a string memoized twice (or not at all): one byte pattern cannot count its entries
-    key = _get(indices[_PG_KEY][0])
-    # Counted from the second entry on: the first one writes the key (and maybe the group) itself.
-    second = _nth_entry(data, layout, 1)
-    if second is None:
+    patterns = _group_patterns(data, layout, unpickler, set(groups), groups[0], cut)
+    if patterns is None:
         return None
-    prefix, tail = groups[1:PREFIX_ENTRIES], groups[PREFIX_ENTRIES:]
+    tail_groups = groups[PREFIX_ENTRIES:]
     per_name: dict[str, list[int]] = {}
-    counted = 1
-    for group in set(groups):
-        name, desc = group
-        # GET key, GET name, GET desc, TUPLE2: how both picklers write a (name, desc) tuple of memoized strings.
-        pattern = key + _get(indices[name][0]) + _get(indices[desc][0]) + b"\x86"
-        in_list = data.count(pattern, second)
-        counted += in_list
-        in_tail = tail.count(group)
-        cut_out = in_list - prefix.count(group) - in_tail
-        if cut_out < 0:
-            return None
+    counted = 0
+    for group, pattern in patterns.items():
+        cut_out = data.count(pattern, cut, tail)
+        counted += cut_out
         oldest = _oldest_needed(data, pattern, cut, keep) if cut_out else len(data)
-        totals = per_name.setdefault(name, [0, 0, len(data)])
+        totals = per_name.setdefault(group[0], [0, 0, len(data)])
         totals[0] += cut_out
-        totals[1] += in_tail
+        totals[1] += tail_groups.count(group)
         totals[2] = min(totals[2], oldest)
-    if counted != total:
+    if counted != total - len(entries):
         return None
-    return [tuple(v) for v in per_name.values()]
+    return [(cut_out, in_tail, oldest) for cut_out, in_tail, oldest in per_name.values()]
+
+
+def _group_patterns(
+    data: bytes, layout: _Layout, unpickler, groups: set[tuple[str, str]], first: tuple[str, str], cut: int
+) -> dict[tuple[str, str], bytes] | None:
+    """The bytes each (name, desc) group is written as in an entry: GET of the `process_group` key,
+    GETs of the name and the desc, TUPLE2 (how both picklers write a tuple of memoized strings).
+
+    The first entry writes the key itself, and its group's GETs follow: read there, that is the one
+    pattern of a dump with one group. Other groups take their strings' memo indices from the memo.
+    """
+    at = data.find(_PG_KEY_BYTES, layout.start, cut)
+    if at == -1:
+        return None
+    put_at = at + len(_PG_KEY_BYTES)
+    if data[put_at : put_at + 1] not in (b"q", b"r"):
+        return None
+    key = _get(_memo_index(data, put_at))
+    name_at = _after_put(data, put_at)
+    desc_at = _after_get(data, name_at)
+    end = _after_get(data, desc_at)
+    if groups == {first} and None not in (desc_at, end) and data[end : end + 1] == b"\x86":
+        return {first: key + data[name_at:end + 1]}
+    wanted = {text for group in groups for text in group}
+    indices: dict[str, int] = {}
+    for index, value in unpickler.memo.copy().items():
+        if type(value) is str and value in wanted:
+            if value in indices:
+                return None  # a string memoized twice: one byte pattern cannot count its entries
+            indices[value] = index
+    if not wanted <= indices.keys():
+        return None
+    return {group: key + _get(indices[group[0]]) + _get(indices[group[1]]) + b"\x86" for group in groups}
+
+
+def _after_get(data: bytes, at: int | None) -> int | None:
+    """Offset after a BINGET/LONG_BINGET at `at`, None when there is none."""
+    op = None if at is None else data[at : at + 1]
+    return at + 2 if op == b"h" else at + 5 if op == b"j" else None
 
 
 def _oldest_needed(data: bytes, pattern: bytes, cut: int, keep: int) -> int:
