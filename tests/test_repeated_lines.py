@@ -88,6 +88,18 @@ def test_event_count_grows_with_communicators_not_channels(tmp_path):
     assert all(more_comms[f] > 2.5 * few[f] for f in few)
 
 
+def test_groups_split_across_batches_stay_one_event_per_rank(tmp_path, monkeypatch):
+    """Files read in many chunks and parsed in many batches: a connection's channel lines that a
+    batch boundary cuts are still one event, so the count per rank stays that of whole files."""
+    whole = _per_rank_events(nccl_info_gen.write_job(tmp_path / "whole", 8, communicators=2, channels=32))
+    monkeypatch.setattr("analyzer.io.inputs.CHUNK_BYTES", 2048)
+    monkeypatch.setattr("analyzer.parse.BATCH_BYTES", 3000)
+    few = _per_rank_events(nccl_info_gen.write_job(tmp_path / "few", 8, communicators=2, channels=2))
+    many = _per_rank_events(nccl_info_gen.write_job(tmp_path / "many", 8, communicators=2, channels=32))
+    assert max((tmp_path / "many").glob("*.log"), key=lambda p: p.stat().st_size).stat().st_size > 4 * 3000
+    assert many == few == whole
+
+
 def _p2p_disabled_job(job: Path, channels: int) -> Path:
     nccl_info_gen.write_job(job, 8, communicators=2, channels=channels)
     for log in job.glob("rank-*.log"):

@@ -101,7 +101,7 @@ def display_name(name: str) -> str:
     return cap_text(name, MAX_NAME_CHARS)
 
 
-def iter_text_chunks(item: InputFile, chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:
+def iter_text_chunks(item: InputFile, chunk_bytes: int | None = None) -> Iterator[str]:
     """Decoded text in chunks of about `chunk_bytes` that end on a line boundary (all but the last).
 
     Memory stays at about one chunk whatever the input: invalid bytes become U+FFFD, NUL bytes are
@@ -115,7 +115,7 @@ def iter_text_chunks(item: InputFile, chunk_bytes: int = CHUNK_BYTES) -> Iterato
     nuls = cut_lines = replaced = 0
     with item.open_bytes() as fh:
         while True:
-            block = fh.read(chunk_bytes)
+            block = fh.read(chunk_bytes or CHUNK_BYTES)  # read at call time: a test shrinks it
             if decoder is None:
                 # -sig: a byte-order mark is consumed, not left in front of the first line's prefix.
                 encoding, order = _utf16_codec(block) if utf16 else ("utf-8-sig", "utf-8")

@@ -295,11 +295,14 @@ def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
     frames: list[pl.DataFrame] = []
     batch: list = []
     size = 0
+    batches_of: dict[int, int] = {}  # by input: how many batches its pieces went into
 
     def flush() -> None:
         nonlocal batch, size
         if batch:
             frames.append(_parse_batch(batch, parse_text_pieces, year_hint_for(batch[0].item)))
+            for key in {id(p.item) for p in batch}:
+                batches_of[key] = batches_of.get(key, 0) + 1
         batch, size = [], 0
 
     for item in items:
@@ -315,7 +318,19 @@ def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
     flush()
     for item in items:
         _finish(item)
-    return frames
+    return _merged_across_batches(frames, [i.path for i in items if batches_of.get(id(i), 0) > 1])
+
+
+def _merged_across_batches(frames: list[pl.DataFrame], split_files: list[str]) -> list[pl.DataFrame]:
+    """A file longer than a batch is aggregated batch by batch: its collapsed groups that a batch
+    boundary cut are merged again, so its event count does not depend on where batches end."""
+    if not split_files:
+        return frames
+    from analyzer.parse.repeats import merge_split_groups
+
+    events = concat_events(frames)
+    split = pl.col("file").is_in(split_files)
+    return [events.filter(~split), merge_split_groups(events.filter(split))]
 
 
 def _parse_batch(batch: list, parse, year_hint: int) -> pl.DataFrame:

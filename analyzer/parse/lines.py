@@ -76,13 +76,31 @@ def lines_frame_many(chunks: list[tuple[str, str, int]]) -> pl.DataFrame:
     for count in counts[:-1]:
         starts.append(starts[-1] + count)
     offsets = pl.Series([first - start for (_, _, first), start in zip(chunks, starts)], dtype=pl.Int64)
+    files = [f for _, f, _ in chunks]
+    # `_fid` numbers the files in order: a file's lines are contiguous, so per-file logic compares
+    # neighbouring ids instead of grouping on the path strings.
+    fids = pl.Series([f != g for f, g in zip(files, [None, *files])], dtype=pl.UInt32).cum_sum() - 1  # per chunk
+    chunk = pl.int_range(len(files), eager=True, dtype=pl.UInt32).repeat_by(repeat).explode()  # per line
     return pl.DataFrame(
         {
-            "line": offsets.repeat_by(repeat).explode() + pl.int_range(split.height, eager=True, dtype=pl.Int64),
-            "text": split.get_column("text").fill_null("").str.strip_suffix("\r").str.slice(0, MAX_LINE_CHARS),
-            "file": pl.Series([f for _, f, _ in chunks], dtype=pl.String).repeat_by(repeat).explode(),
+            "line": offsets.gather(chunk) + pl.int_range(split.height, eager=True, dtype=pl.Int64),
+            "text": _cleaned(split.get_column("text")),
+            "file": pl.Series(files, dtype=pl.String).gather(chunk),
+            "_fid": fids.gather(chunk),
         }
     )
+
+
+def _cleaned(text: pl.Series) -> pl.Series:
+    """A CRLF line loses its carriage return, a line past MAX_LINE_CHARS its tail: on the rows that
+    need it only (a pass over every row would copy the whole batch's text)."""
+    if text.null_count():
+        text = text.fill_null("")
+    needs = text.str.ends_with("\r") | (text.str.len_bytes() > MAX_LINE_CHARS)
+    if not needs.any():
+        return text
+    rows = needs.arg_true()
+    return text.scatter(rows, text.gather(rows).str.strip_suffix("\r").str.slice(0, MAX_LINE_CHARS))
 
 
 _COLUMN_SEPARATOR = "\x1f"

@@ -78,3 +78,40 @@ def collapse_repeats(keys: pl.DataFrame) -> pl.DataFrame:
         pl.when(several).then(pl.col("last_ts")).alias("last_ts"),
     )
     return pl.concat([alone, merged], how="diagonal").sort("_pos").drop("_pos")
+
+
+def merge_split_groups(events: pl.DataFrame) -> pl.DataFrame:
+    """Events of files read in several batches, with the collapsed groups that a batch boundary cut
+    merged again: one event per writer, communicator and connection, as if the file had been one
+    batch (`collapse_repeats` sees one batch at a time). The first event stays, counting the lines
+    of all parts; events of other kinds pass through. Takes and returns events in (file, line) order.
+    """
+    events = events.sort("file", "line", maintain_order=True).with_row_index("_pos")
+    stream = ["file", "host", "pid", "tid", "rank"]
+    kind = pl.col("kind")
+    keyed = events.select(
+        "_pos", *stream, "kind", "line", "ts", "repeat", "last_line", "last_ts",
+        kind.is_in(_COMM_BOUNDARY_KINDS).cum_sum().over(stream).alias("_comm"),
+        same_message().alias("_same"),
+    ).filter(kind.is_in(list(COLLAPSE)))
+    group = [*stream, "_comm", "kind", "_same"]
+    merged = keyed.group_by(group).agg(
+        pl.col("_pos").first(),
+        pl.col("repeat").fill_null(1).sum().alias("_n"),
+        pl.coalesce("last_line", "line").max().alias("_last_line"),
+        pl.coalesce("last_ts", "ts").drop_nulls().last().alias("_last_ts"),
+        pl.len().alias("_parts"),
+    ).filter(pl.col("_parts") > 1)
+    if merged.height == 0:
+        return events.drop("_pos")
+    dropped = keyed.join(merged.select(group), on=group, how="semi", nulls_equal=True).filter(
+        ~pl.col("_pos").is_in(merged.get_column("_pos").implode())
+    )
+    fixed = events.filter(~pl.col("_pos").is_in(dropped.get_column("_pos").implode())).join(
+        merged.select("_pos", "_n", "_last_line", "_last_ts"), on="_pos", how="left"
+    )
+    return fixed.with_columns(
+        pl.coalesce(pl.col("_n").cast(pl.Int64), "repeat").alias("repeat"),
+        pl.coalesce(pl.col("_last_line").cast(pl.Int64), "last_line").alias("last_line"),
+        pl.coalesce("_last_ts", "last_ts").alias("last_ts"),
+    ).sort("_pos").drop("_pos", "_n", "_last_line", "_last_ts")
