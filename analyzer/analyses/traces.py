@@ -19,7 +19,7 @@ in `detail` as JSON; the memory-snapshot parser emits `memory.snapshot` / `memor
   snapshot's OOM, whether the failed request would have fitted had that memory been contiguous.
 * `oom_reserved_unallocated`: a CUDA OOM message whose "reserved by PyTorch but unallocated"
   memory is at least the request that failed (`memory-oom-idle-cache-fragmented` when it is also
-  more than the live tensors take).
+  a quarter or more of what PyTorch reserved).
 
 The tables here have one row per rank (or per step of a rank), never per kernel.
 """
@@ -431,6 +431,9 @@ def memory_fragmentation(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 
 _UNIT_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _AMOUNT = r"([\d.]+) ([KMGT]?i?B)"
+# The share of PyTorch's reserved memory left idle (reserved but unallocated) from which an OOM is the
+# cache's fragmentation rather than the model's need (memory-oom-idle-cache-fragmented).
+IDLE_RESERVE_SHARE = 0.25
 
 
 def _bytes(pattern: str) -> pl.Expr:
@@ -473,11 +476,12 @@ def oom_reserved_unallocated(events: pl.DataFrame, job: JobContext) -> pl.DataFr
         f"CUDA out of memory{where} with {_size(worst['unallocated'])} reserved by PyTorch but unallocated, at least the "
         f"{_size(worst['request'])} that was requested: the free memory is split into blocks too small for the request"
     )
-    # Idle cache above the live tensors: most of what the allocator holds is unused, so the model's own
-    # need cannot explain the failure; a card nearly full of live tensors (a few GiB of holes) can.
-    idle = worst["allocated"] is not None and worst["unallocated"] >= worst["allocated"]
+    # A large idle share of the allocator's reserve: the model's own need cannot explain the failure. Where
+    # it could (a card nearly full of live tensors, cases 022 and 148), at most 15% of the reserve was idle.
+    reserved = (worst["allocated"] or 0) + worst["unallocated"]
+    idle = worst["allocated"] is not None and worst["unallocated"] >= IDLE_RESERVE_SHARE * reserved
     if idle:
-        summary += f", and more than the {_size(worst['allocated'])} the live tensors take"
+        summary += f", {worst['unallocated'] / reserved:.0%} of the {_size(reserved)} PyTorch reserved"
     return findings_frame(
         [
             finding(
