@@ -121,7 +121,13 @@ def build_report(
     checkpoints: list[dict] | None = None,
     host_facts: list[dict] | None = None,
 ) -> Report:
-    by_id = events.select("event_id", "file", "line", "rank", "text").rows_by_key("event_id", named=True, unique=True)
+    # Only the events the findings cite: a dict of every event is a million Python rows at 16k ranks.
+    cited = ranked.get_column("evidence").explode().drop_nulls().unique()
+    by_id = (
+        events.filter(pl.col("event_id").is_in(cited))
+        .select("event_id", "file", "line", "rank", "text")
+        .rows_by_key("event_id", named=True, unique=True)
+    )
     shown: set[tuple[str, int]] = set()  # each line is evidence once: under the best-ranked finding that cites it
     findings = [_finding(row, rules[row["rule_id"]], by_id, shown) for row in ranked.iter_rows(named=True)]
     verdict = _verdict(findings, verdict_rule, inputs)
