@@ -27,6 +27,7 @@ import pytest
 
 from analyzer.api import analyze
 from tests.frgen import DumpFactory, DumpSetSpec, dump_name, write_dump_set
+from tests.test_recorded_hangs import with_known_gap
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "fixtures" / "recorded"
@@ -179,7 +180,7 @@ def _pickle_dumps(fr_dir: Path, tmp_path: Path) -> Path:
     return tmp_path / "fr"
 
 
-@pytest.mark.parametrize("case", FR_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [with_known_gap(c) for c in FR_CASES], ids=lambda c: c.name)
 def test_recorded_dumps(case: Path, tmp_path: Path):
     fr_dir = _pickle_dumps(case / "job" / "fr", tmp_path)
     culprits = set(tomllib.loads((case / "truth.toml").read_text())["culprit_ranks"])

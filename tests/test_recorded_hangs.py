@@ -34,6 +34,13 @@ def _truth(case: Path) -> dict:
     return tomllib.loads((case / "truth.toml").read_text())
 
 
+def with_known_gap(case: Path):
+    """A recording whose truth.toml names a `known_gap` (what the analyzer cannot yet do with it) is an
+    expected failure of the checks that need it, strict: the mark fails the run once the gap is closed."""
+    gap = _truth(case).get("known_gap")
+    return pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=gap)) if gap else case
+
+
 CASES = sorted(p.parent for p in RECORDED.glob("*/truth.toml") if _truth(p.parent)["category"] in HANG_CATEGORIES)
 
 
@@ -59,7 +66,7 @@ def test_verdict_names_the_culprit(case: Path):
     assert sorted(verdict["culprit_ranks"]) == sorted(truth["culprit_ranks"]), verdict["summary"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [with_known_gap(c) for c in CASES], ids=lambda c: c.name)
 def test_evidence_comes_from_dumps_or_stacks(case: Path):
     report, truth = _report(case), _truth(case)
     culprits = set(truth["culprit_ranks"])

@@ -95,6 +95,10 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     if unplaced is not None:
         return findings_frame([unplaced])
     if stuck["op"] is not None:
+        if len(world) == 1 and not inferred:
+            # A job of one rank (stated so) cannot diverge from itself: its collective waited for the
+            # rank's own earlier GPU work, and the timeout finding says so without naming a mismatch.
+            return findings_frame([])
         if stuck["numel_in"] is None and op_name in BARRIER_OPS and silent:
             # Size unknown (a pre-2.0 watchdog line) while a rank of the job left no timeout line: the
             # others may be waiting in a barrier for it, and the progress matrix names it as absent.
