@@ -20,17 +20,17 @@ import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any
 
 import polars as pl
 
-from analyzer.bounds import INT64_MAX, INT64_MIN, MAX_WORLD_SIZE, bounded_str, int64, rank_number
+from analyzer.bounds import INT64_MAX, INT64_MIN, bounded_str, int64, rank_number
 from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import EVENT_SCHEMA, UTC_TS, empty_events
 from analyzer.io.budget import address_space
 from analyzer.io.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
+from analyzer.parse.fr_groups import field_text, pg_members, pg_rank_of, pg_sort_key, ranks_text
 
 MAX_DUMP_BYTES = 256 << 20  # real dumps are a few MB; building one must also fit the parse budget
 INLINE_MEMBERS = 256
@@ -179,11 +179,11 @@ def dump_rows(doc: object, *, file: str, rank: int | None, total_entries: int | 
     elif isinstance(doc, Mapping):
         if not any(key in doc for key in ("entries", "pg_config", "pg_status", "version")):
             raise FlightRecorderError("not a Flight Recorder dump: no entries, pg_config or version key")
-        version = _text(doc.get("version"))
+        version = field_text(doc.get("version"))
         entries = doc.get("entries") or []
         pg_config = _mapping_field(doc, "pg_config", ignored)
         pg_status = _mapping_field(doc, "pg_status", ignored)
-        comm_version = _text(doc.get("comm_lib_version") or doc.get("nccl_version"))
+        comm_version = field_text(doc.get("comm_lib_version") or doc.get("nccl_version"))
     else:
         raise FlightRecorderError(f"not a Flight Recorder dump: top level is {type(doc).__name__}")
     if not isinstance(entries, list):
@@ -192,13 +192,13 @@ def dump_rows(doc: object, *, file: str, rank: int | None, total_entries: int | 
     if total_entries is None:
         total_entries = len(entries)
     entries = _recent_per_pg(entries)
-    members = _pg_members(pg_config)
+    members = pg_members(pg_config)
     entry_columns = _entry_columns(entries, members, rank)
     status_columns = _status_columns(pg_config, pg_status, members, rank)
     rows = DumpRows(file, rank, [(len(entries), entry_columns), (len(status_columns.get("pg", [])), status_columns)])
     pgs = sorted(
-        set(members) | {_text(k) for k in pg_status} | {pg for pg in entry_columns.get("pg", []) if pg is not None},
-        key=_pg_sort_key,
+        set(members) | {field_text(k) for k in pg_status} | {pg for pg in entry_columns.get("pg", []) if pg is not None},
+        key=pg_sort_key,
     )
     summary = {
         "status": "partial" if ignored else "parsed",
@@ -299,7 +299,7 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
     n = len(entries)
     if not n:
         return {}
-    names = [_text(e.get("profiling_name")) or "" for e in entries]
+    names = [field_text(e.get("profiling_name")) or "" for e in entries]
     parsed = {name: _op_of(name) for name in set(names)}  # a dump repeats a handful of names
     bare = [parsed[name][0] for name in names]
     ops = [parsed[name][1] for name in names]
@@ -308,7 +308,7 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
     p2p_seq = _int_column([e.get("p2p_seq_id") for e in entries])
     seq = [p if (flag and p is not None) else c for flag, p, c in zip(is_p2p, p2p_seq, coll_seq)]
     pgs = [_pg_of(e) for e in entries]
-    states = [_text(e.get("state")) for e in entries]
+    states = [field_text(e.get("state")) for e in entries]
     in_sizes = [e.get("input_sizes") or [] for e in entries]
     out_sizes = [e.get("output_sizes") or [] for e in entries]
     in_ok = [_shapes_ok(s) for s in in_sizes]  # checked once, read by the numel and the record text
@@ -316,7 +316,7 @@ def _entry_columns(entries: list[Mapping], members: dict[str, tuple[int, ...]], 
     in_dtypes = _dtype_column(entries, "input_dtypes")
     out_dtypes = _dtype_column(entries, "output_dtypes")
     created = [_created_ns(e) for e in entries]
-    own = {pg: _pg_rank_of(members.get(pg), rank) for pg in set(pgs)}
+    own = {pg: pg_rank_of(members.get(pg), rank) for pg in set(pgs)}
     records = [
         f"pg {pg} #{s} {op} state={st} in={_sizes_text(i, iok)} {idt} out={_sizes_text(o, ook)} {odt} ({name})"
         for pg, s, op, st, i, iok, idt, o, ook, odt, name
@@ -368,9 +368,9 @@ def _status_columns(
     the list: 16k dumps x a 16k-rank default group would otherwise be 268M list elements.
     `nranks` is always set.
     """
-    names = sorted({_text(k) for k in pg_config} | {_text(k) for k in pg_status}, key=_pg_sort_key)
-    status = {_text(k): v for k, v in pg_status.items() if isinstance(v, Mapping)}
-    config = {_text(k): v for k, v in pg_config.items() if isinstance(v, Mapping)}
+    names = sorted({field_text(k) for k in pg_config} | {field_text(k) for k in pg_status}, key=pg_sort_key)
+    status = {field_text(k): v for k, v in pg_status.items() if isinstance(v, Mapping)}
+    config = {field_text(k): v for k, v in pg_config.items() if isinstance(v, Mapping)}
     columns: dict[str, list] = {
         key: [] for key in ("kind", "line", "pg", "pg_rank", "nranks", "last_enqueued", "last_completed", "ranks_ref", "message", "detail")
     }
@@ -380,8 +380,8 @@ def _status_columns(
         started = _status_int(st.get("last_started_collective"))
         done = _status_int(st.get("last_completed_collective"))
         ranks = members.get(pg)
-        desc = _text(config.get(pg, {}).get("desc"))
-        pg_rank = _pg_rank_of(ranks, rank)
+        desc = field_text(config.get(pg, {}).get("desc"))
+        pg_rank = pg_rank_of(ranks, rank)
         inline = ranks is not None and (len(ranks) <= INLINE_MEMBERS or rank is None or pg_rank in (0, 1))
         label = f"pg {pg}" + (f" ({desc})" if desc else "")
         if st:
@@ -392,7 +392,7 @@ def _status_columns(
         else:
             message = f"{label} (no status in dump)"
         if ranks is not None:
-            message += f"; ranks {_ranks_text(ranks)}"
+            message += f"; ranks {ranks_text(ranks)}"
         for key, value in (
             ("kind", "fr.pg_status"), ("line", 0), ("pg", pg), ("pg_rank", pg_rank),
             ("nranks", len(ranks) if ranks is not None else None), ("last_enqueued", enq), ("last_completed", done),
@@ -480,11 +480,11 @@ def _dtype_column(entries: list[Mapping], key: str) -> list[str]:
 def _pg_of(entry: Mapping) -> str | None:
     group = entry.get("process_group")
     if isinstance(group, (list, tuple)) and group:
-        return _text(group[0])
+        return field_text(group[0])
     if isinstance(group, str):
-        return _text(group)
+        return field_text(group)
     pg_id = entry.get("pg_id")
-    return None if pg_id is None else _text(pg_id)  # pre-2.2 dumps: the local index, "0" = default PG
+    return None if pg_id is None else field_text(pg_id)  # pre-2.2 dumps: the local index, "0" = default PG
 
 
 def _is_p2p(flag: object, op: str) -> bool:
@@ -505,12 +505,6 @@ def _status_int(value: object) -> int | None:
     return None if number is None or number < 0 else number  # -1 = "none yet"
 
 
-def _text(value: object) -> str | None:
-    if type(value) is str and len(value) <= 1024:
-        return value
-    return None if value is None else bounded_str(value, 1024)
-
-
 def _created_ns(entry: Mapping) -> int | None:
     ns = entry.get("time_created_ns")
     if ns is None and entry.get("time_created_us") is not None:
@@ -527,8 +521,8 @@ def _sizes_text(sizes: object, ok: bool) -> str:
 
 def _dtypes(value: object) -> str:
     if isinstance(value, (list, tuple)):
-        return ",".join(_text(v) or "None" for v in value[:MAX_TENSORS]) or "-"
-    return "-" if value is None else (_text(value) or "-")
+        return ",".join(field_text(v) or "None" for v in value[:MAX_TENSORS]) or "-"
+    return "-" if value is None else (field_text(value) or "-")
 
 
 def _frames_text(frames: object) -> str | None:
@@ -538,8 +532,8 @@ def _frames_text(frames: object) -> str | None:
     for frame in frames[:MAX_FRAMES]:
         if isinstance(frame, Mapping):
             line = frame.get("line")
-            where = f"{_text(frame.get('filename'))}" if line is None else f"{_text(frame.get('filename'))}:{_text(line)}"
-            parts.append(f"{_text(frame.get('name'))} ({where})")
+            where = f"{field_text(frame.get('filename'))}" if line is None else f"{field_text(frame.get('filename'))}:{field_text(line)}"
+            parts.append(f"{field_text(frame.get('name'))} ({where})")
     return " <- ".join(parts) or None
 
 
@@ -555,59 +549,5 @@ def _p2p_peer(bare_name: str, ranks: tuple[int, ...] | None) -> str | None:
     return f"pg rank {peer}"
 
 
-def _pg_members(pg_config: Mapping) -> dict[str, tuple[int, ...]]:
-    members: dict[str, tuple[int, ...]] = {}
-    for key, config in pg_config.items():
-        if not isinstance(config, Mapping):
-            continue
-        ranks = config.get("ranks")
-        if isinstance(ranks, str):
-            parsed = _parse_ranks(ranks)  # every dump of a job repeats the same strings: cached
-        elif isinstance(ranks, (list, tuple)):
-            parsed = tuple(r for r in (rank_number(x) for x in ranks[:MAX_WORLD_SIZE]) if r is not None)
-        else:
-            continue
-        members[_text(config.get("name", key))] = parsed
-        members.setdefault(_text(key), parsed)
-    return members
-
-
-@lru_cache(maxsize=256)
-def _parse_ranks(text: str) -> tuple[int, ...]:
-    """`"[0, 1, ...]"` -> the ranks. At 16k ranks every dump carries the same 16k-element strings."""
-    try:
-        values = json.loads(text)
-    except ValueError:
-        values = re.findall(r"-?\d+", text)
-    if not isinstance(values, list):
-        return ()
-    return tuple(r for r in (rank_number(x) for x in values[:MAX_WORLD_SIZE]) if r is not None)
-
-
-@lru_cache(maxsize=256)
-def _index_map(ranks: tuple[int, ...]) -> dict[int, int]:
-    return {g: i for i, g in enumerate(ranks)}
-
-
-def _pg_rank_of(ranks: tuple[int, ...] | None, rank: int | None) -> int | None:
-    """The rank's index in the PG (its PG rank); global ranks are listed in PG-rank order."""
-    if not ranks or rank is None:
-        return None
-    if len(ranks) <= 64:
-        return ranks.index(rank) if rank in ranks else None
-    return _index_map(ranks).get(rank)
-
-
-def _pg_sort_key(name: str | None) -> tuple[int, int, str]:
-    number = int64(name) if name and name.isdigit() else None
-    return (0, number, "") if number is not None else (1, 0, name or "")
-
-
 def _fmt_seq(value: int | None) -> str:
     return "none" if value is None else f"#{value}"
-
-
-def _ranks_text(ranks: tuple[int, ...]) -> str:
-    if len(ranks) <= 16:
-        return "[" + ", ".join(map(str, ranks)) + "]"
-    return f"[{ranks[0]}, {ranks[1]}, ... {ranks[-1]}] ({len(ranks)} ranks)"
