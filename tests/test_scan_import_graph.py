@@ -63,18 +63,7 @@ def test_the_cycle_finder_finds_a_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-# Circles that exist on main and are another change's to break (each: the edge that closes it).
-KNOWN_CIRCLES = {("analyzer.knownissues", "analyzer.facts.hostfacts")}
-
-
 def test_no_import_circle_among_analyzer_modules():
-    graph = import_graph()
-    for importer, imported in KNOWN_CIRCLES:
-        graph[importer].discard(imported)
-    assert find_cycle(graph) is None
-
-
-def test_no_known_circle_is_left():
     assert find_cycle(import_graph()) is None
 
 
