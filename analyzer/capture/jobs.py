@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from analyzer.bounds import int64
 from analyzer.capture.processes import AGENT_MODULES, AGENT_SCRIPTS, Proc
 
 MAX_LISTED = 50  # excluded / matched-but-ignored processes listed in the manifest
@@ -143,15 +144,15 @@ def _env_worker(tree: ProcessTree, proc: Proc) -> Worker:
         # (accelerate launch); an orphan (agent killed) is grouped by its rendezvous below.
         agent = parent.pid
     launcher = agent
-    rank, source = _int(env.get("RANK")), "environ:RANK"
-    local = _int(env.get("LOCAL_RANK"))
+    rank, source = int64(env.get("RANK")), "environ:RANK"
+    local = int64(env.get("LOCAL_RANK"))
     if rank is None and launcher is None:
         # MPI / Slurm ranks count only without a torch launcher in between (under srun, torchrun
         # and its workers all inherit the node's SLURM_PROCID).
-        var = next((v for v in _LAUNCHER_RANK_VARS if _int(env.get(v)) is not None), None)
-        rank, source = (_int(env.get(var)), f"environ:{var}") if var else (None, "unknown")
+        var = next((v for v in _LAUNCHER_RANK_VARS if int64(env.get(v)) is not None), None)
+        rank, source = (int64(env.get(var)), f"environ:{var}") if var else (None, "unknown")
     if local is None and launcher is None:
-        local = next((_int(env.get(v)) for v in _LAUNCHER_LOCAL_VARS if _int(env.get(v)) is not None), None)
+        local = next((int64(env.get(v)) for v in _LAUNCHER_LOCAL_VARS if int64(env.get(v)) is not None), None)
     if rank is None and local is not None and launcher is not None:
         rank, source = _rank_from_agent(tree.table.get(launcher), local)
     if launcher is not None:
@@ -191,10 +192,10 @@ def _rank_from_agent(agent: Proc | None, local: int) -> tuple[int | None, str]:
     if agent is None:
         return None, "unknown (local rank only)"
     args = _agent_args(agent.argv)
-    nproc = _int(args.get("nproc_per_node"))
+    nproc = int64(args.get("nproc_per_node"))
     if "standalone" in args or args.get("nnodes") in ("1", "1:1"):
         return local, "torchrun tree (single node: rank = local rank)"
-    node_rank = _int(args.get("node_rank"))
+    node_rank = int64(args.get("node_rank"))
     if nproc is not None and node_rank is not None and args.get("rdzv_backend", "static") == "static":
         return node_rank * nproc + local, "torchrun tree (static rendezvous: node_rank * nproc_per_node + local rank)"
     return None, "unknown (local rank only)"
@@ -257,8 +258,8 @@ def select(
         proc = tree.table.get(pid)
         if explicit and proc is not None:
             env = proc.env or {}
-            rank = _int(env.get("RANK"))
-            lone.append(Worker(pid, rank, _int(env.get("LOCAL_RANK")), "environ:RANK" if rank is not None else "unknown",
+            rank = int64(env.get("RANK"))
+            lone.append(Worker(pid, rank, int64(env.get("LOCAL_RANK")), "environ:RANK" if rank is not None else "unknown",
                                f"pid:{pid}"))
             notes.append({"pid": pid, "note": f"{why}: not recognised as a training process; captured as given"})
             return True
@@ -310,12 +311,3 @@ def _in_slurm_job(proc: Proc, job_id: str) -> bool:
         return True
     # slurmd's cgroup plugin puts every task under .../job_<id>/step_<n>/...
     return re.search(rf"/job_{re.escape(job_id)}(?:/|$)", proc.cgroup, re.MULTILINE) is not None
-
-
-def _int(value: object) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        return None

@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 
+from analyzer.bounds import int64
 from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import empty_events, events_from_records
 
@@ -47,7 +48,7 @@ def _records(doc: Mapping, path: str) -> Iterator[dict[str, Any]]:
         if not isinstance(proc, Mapping):
             continue
         status = _text(proc.get("status")) or "unknown"
-        rank, pid = _int(proc.get("rank")), _int(proc.get("pid"))
+        rank, pid = int64(proc.get("rank")), int64(proc.get("pid"))
         env = proc.get("env") if isinstance(proc.get("env"), Mapping) else {}
         who = f"rank {rank}" if rank is not None else "rank unknown"
         files = [str(f) for f in proc.get("files") or []]
@@ -61,13 +62,13 @@ def _records(doc: Mapping, path: str) -> Iterator[dict[str, Any]]:
             "host": host,
             "pid": pid,
             "rank": rank,
-            "local_rank": _int(proc.get("local_rank")),
+            "local_rank": int64(proc.get("local_rank")),
             "source": "capture",
             "kind": "capture.process",
             "severity": "info" if status == "captured" else "warning",
             "code": status,
             "message": message,
-            "nranks": _int(env.get("WORLD_SIZE")),
+            "nranks": int64(env.get("WORLD_SIZE")),
             # The tools' own error text stays out of message/detail, which signatures match.
             "text": json.dumps({k: proc.get(k) for k in ("pid", "rank", "rank_source", "status", "reason", "files")})[:4000],
         }
@@ -85,15 +86,6 @@ def _records(doc: Mapping, path: str) -> Iterator[dict[str, Any]]:
             "message": f"node tool {record.get('call')}: {record.get('status')}",
             "text": json.dumps({k: record.get(k) for k in ("call", "command", "status", "reason", "seconds")})[:4000],
         }
-
-
-def _int(value: object) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(str(value))
-    except ValueError:
-        return None
 
 
 def _text(value: object) -> str | None:

@@ -354,8 +354,8 @@ def _op_of(name: str) -> tuple[str, str]:
 
 
 def _int_column(values: list) -> list[int | None]:
-    """`_int` of each value, with the common case (an int64 int) inline: this runs per entry."""
-    return [v if type(v) is int and INT64_MIN <= v <= INT64_MAX else _int(v) for v in values]
+    """`int64` of each value, with the common case (an int64 int) inline: this runs per entry."""
+    return [v if type(v) is int and INT64_MIN <= v <= INT64_MAX else int64(v) for v in values]
 
 
 def _status_columns(
@@ -493,24 +493,17 @@ def _is_p2p(flag: object, op: str) -> bool:
     return bool(flag)
 
 
-def _int(value: object) -> int | None:
-    """An int64 (JSON dumps store some numbers as strings); past int64 it is an invalid value: None."""
-    if type(value) is int:  # the common case first: this runs several times per entry
-        return value if INT64_MIN <= value <= INT64_MAX else None
-    return int64(value)
-
-
 def _status_int(value: object) -> int | None:
-    number = _int(value)
+    number = int64(value)
     return None if number is None or number < 0 else number  # -1 = "none yet"
 
 
 def _created_ns(entry: Mapping) -> int | None:
     ns = entry.get("time_created_ns")
     if ns is None and entry.get("time_created_us") is not None:
-        us = _int(entry.get("time_created_us"))
+        us = int64(entry.get("time_created_us"))
         ns = us * 1000 if us else None
-    ns = _int(ns)
+    ns = int64(ns)
     return ns if ns else None  # None and 0 both mean "unknown"
 
 

@@ -121,7 +121,7 @@ def _text_rows(text: str) -> Iterator[dict[str, Any]]:
             if thread is not None:
                 yield thread
             ident, status, name = match.groups()
-            os_tid = _int(ident) if ident.isdigit() else None  # `0X7F..` is a pthread id, not an OS tid
+            os_tid = int64(ident) if ident.isdigit() else None  # `0X7F..` is a pthread id, not an OS tid
             thread = {"kind": "stack.thread", "line": number, "pid": pid, "tid": os_tid, "status": status.strip(), "name": name,
                       "ident": ident, "frames": [], "text": line, "cmdline": cmdline}
             continue
@@ -130,7 +130,7 @@ def _text_rows(text: str) -> Iterator[dict[str, Any]]:
             if thread is not None:
                 yield thread
                 thread = None
-            pid, cmdline = _int(process.group(1)), process.group(2).strip()
+            pid, cmdline = int64(process.group(1)), process.group(2).strip()
             yield {"kind": "stack.process", "line": number, "pid": pid, "cmdline": cmdline, "text": line}
             continue
         if _PARENT.match(line) or line.startswith("Python v") or set(line.strip()) <= {"-", "\u2500"}:
@@ -190,8 +190,8 @@ def _json_row(thread: Mapping, dump_index: int, index: int) -> dict[str, Any]:
     return {
         "kind": "stack.thread",
         "line": 0,
-        "pid": _int(thread.get("pid")),
-        "tid": _int(os_tid),
+        "pid": int64(thread.get("pid")),
+        "tid": int64(os_tid),
         "status": _status(active, gil),
         "name": thread.get("thread_name"),
         "ident": str(os_tid if os_tid is not None else thread.get("thread_id")),
@@ -204,7 +204,7 @@ def _json_row(thread: Mapping, dump_index: int, index: int) -> dict[str, Any]:
 def _json_frame(frame: Mapping) -> str:
     name = _field(frame.get("name"))
     filename = _field(frame.get("short_filename") or frame.get("filename"))
-    line = _int(frame.get("line"))
+    line = int64(frame.get("line"))
     if not line:
         # Native frames carry the library path and line 0; text output shows the basename.
         if not filename.endswith(".py"):
@@ -322,7 +322,3 @@ def _mark_empty(item: InputFile, text: str) -> None:
 def _field(value: object) -> str:
     """A JSON frame's name or file as text of bounded length ("?" when absent)."""
     return cap_text(value, MAX_LINE_CHARS) if isinstance(value, str) and value else bounded_str(value, 256) if value else "?"
-
-
-def _int(value: object) -> int | None:
-    return int64(value)  # past int64 (a 30-digit pid) is an invalid value, None
