@@ -113,10 +113,16 @@ def _run_within_memory(task: Task, spec: JobSpec, job_memory: int | None) -> dic
         return task(spec)
     from analyzer.io.budget import BudgetExceeded, address_space
 
+    import polars as pl
+
+    # polars starts its thread pool on first use: started under the limit, the pool is poisoned for
+    # every later job and for the scan's own tables.
+    pl.DataFrame({"warm": range(64)}).group_by("warm").agg(pl.len())
     try:
         with address_space(job_memory):
             return task(spec)
-    except (BudgetExceeded, MemoryError):
+    # A polars allocation refused under the limit panics instead of raising MemoryError.
+    except (BudgetExceeded, MemoryError, pl.exceptions.PanicException):
         return error_result(spec.job, STATUS_OVER_MEMORY, memory_message(job_memory))
 
 
