@@ -14,7 +14,10 @@ HCA ...", `nccl.env` "NCCL_P2P_DISABLE set by environment to 1.") and names four
 * `transport-multinode-socket`: a job over several hosts whose inter-node traffic goes over TCP
   sockets: no InfiniBand/RoCE device found, IB disabled, or the net plugin missing.
 * `transport-gdr-disabled`: inter-node traffic over InfiniBand without GPUDirect RDMA (every
-  transfer bounces through host memory).
+  transfer bounces through host memory); with no channel line at all, NCCL's own `GPU Direct RDMA
+  Disabled for HCA` lines say so unless the job is known to fit on one node.
+* `transport-gdr-one-side`: one link with GDRDMA on its `[send]` side and none on its `[receive]`
+  side: the receiving node lacks GPUDirect RDMA.
 
 Transport lines number ranks inside their communicator; a pair is known to be intra- or
 inter-node only when those numbers are global ranks (every communicator numbers ranks as the
@@ -54,6 +57,7 @@ def _pairs(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         msg.str.extract(_PAIR, 2).cast(pl.Int64, strict=False).alias("dst"),
         msg.str.extract(_FAMILY, 1).alias("family"),
         msg.str.contains("GDRDMA").alias("gdr"),
+        msg.str.extract(r"\[(send|receive)\] via", 1).alias("side"),
     ).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null() & pl.col("family").is_not_null())
     nccl_hosts = events.filter(pl.col("source") == "nccl").get_column("host").drop_nulls().unique()
     single_host = nccl_hosts.len() == 1 and len(job.hosts) <= 1
@@ -110,7 +114,8 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         _intra_node_network(intra, env),
         _intra_node_shm(intra, env),
         _multinode_socket(events, job, pairs, inter, env, net_lines),
-        _gdr_disabled(inter, env, net_lines),
+        _gdr_disabled(inter, env, net_lines) or _gdr_off_no_links(events, pairs, net_lines),
+        _gdr_one_side(pairs),
     ]
     return findings_frame([row for row in rows if row is not None])
 
@@ -118,19 +123,8 @@ def degraded_transport(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 def _intra_node_network(intra: pl.DataFrame, env: pl.DataFrame) -> dict | None:
     over_net = intra.filter(pl.col("family").str.starts_with("NET/") | pl.col("family").str.starts_with("COLLNET/"))
     forcing = env.filter(pl.col("var").is_in(_NET_FORCING) & (pl.col("value") != "0"))
-    if not (over_net.height and forcing.height):
-        return None
-    return _link_finding(
-        "transport-intra-node-network",
-        over_net,
-        confidence=0.8,
-        summary=(
-            f"ranks on the same machine exchange data through the network stack ({_links_text(over_net)}) instead of "
-            f"NVLink/PCIe peer access or shared memory, because {_settings(forcing)}"
-        ),
-        cause_evidence=forcing.get_column("event_id").head(4).to_list(),
-        link_evidence=8,
-    )
+    return _forced_intra_node("transport-intra-node-network", over_net, forcing, 0.8,
+                              "the network stack", "NVLink/PCIe peer access or shared memory")
 
 
 def _intra_node_shm(intra: pl.DataFrame, env: pl.DataFrame) -> dict | None:
@@ -139,17 +133,24 @@ def _intra_node_shm(intra: pl.DataFrame, env: pl.DataFrame) -> dict | None:
         (pl.col("var") == "NCCL_P2P_DISABLE") & (pl.col("value") != "0")
         | (pl.col("var") == "NCCL_P2P_LEVEL") & pl.col("value").str.to_uppercase().is_in(["LOC", "0"])
     )
-    if not (over_shm.height and p2p_off.height):
+    return _forced_intra_node("transport-intra-node-shm", over_shm, p2p_off, 0.75,
+                              "host shared memory", "GPU peer-to-peer (NVLink/PCIe)")
+
+
+def _forced_intra_node(rule_id: str, links: pl.DataFrame, settings: pl.DataFrame, confidence: float, through: str,
+                       instead: str) -> dict | None:
+    """Ranks of one machine connected through a slower path (`links`) because settings forced it."""
+    if not (links.height and settings.height):
         return None
     return _link_finding(
-        "transport-intra-node-shm",
-        over_shm,
-        confidence=0.75,
+        rule_id,
+        links,
+        confidence=confidence,
         summary=(
-            f"ranks on the same machine exchange data through host shared memory ({_links_text(over_shm)}) "
-            f"instead of GPU peer-to-peer (NVLink/PCIe), because {_settings(p2p_off)}"
+            f"ranks on the same machine exchange data through {through} ({_links_text(links)}) instead of "
+            f"{instead}, because {_settings(settings)}"
         ),
-        cause_evidence=p2p_off.get_column("event_id").head(4).to_list(),
+        cause_evidence=settings.get_column("event_id").head(4).to_list(),
         link_evidence=8,
     )
 
@@ -243,6 +244,54 @@ def _gdr_disabled(inter: pl.DataFrame, env: pl.DataFrame, net_lines: pl.DataFram
         ),
         cause_evidence=gdr_env.get_column("event_id").head(2).to_list() + gdr_off.get_column("event_id").head(4).to_list(),
         link_evidence=6,
+    )
+
+
+def _gdr_off_no_links(events: pl.DataFrame, pairs: pl.DataFrame, net_lines: pl.DataFrame) -> dict | None:
+    """NCCL said GPU Direct RDMA is disabled on its HCAs (the peer-memory module is missing or not
+    registered) and no channel line is there to show what the job used (with channel lines,
+    `_gdr_disabled` reads them): the inter-node traffic over those HCAs is staged through host
+    memory, unless the job is known to fit on one node (nNodes 1)."""
+    gdr_off = net_lines.filter(pl.col("message").str.contains(_GDR_OFF))
+    one_node = events.filter((pl.col("kind") == "nccl.topology") & pl.col("message").str.contains(r"nNodes 1\b")).height > 0
+    if not gdr_off.height or one_node or pairs.height:
+        return None
+    hcas = sorted(set(gdr_off.get_column("message").str.extract(r"HCA \d+ '([^']+)'", 1).drop_nulls().to_list()))
+    return finding(
+        "transport-gdr-disabled",
+        hosts=gdr_off.get_column("host").drop_nulls().unique().sort().to_list(),
+        confidence=0.45,
+        summary=(
+            "NCCL disabled GPUDirect RDMA" + (f" on {', '.join(hcas[:4])}" if hcas else "") + " (GPU Direct RDMA Disabled: "
+            "the nvidia-peermem / nv_peer_mem module is not loaded or not registered, or this NCCL does not look for it): "
+            "if the job spans nodes, every inter-node transfer is staged through host memory"
+        ),
+        evidence=gdr_off.get_column("event_id").head(4).to_list(),
+    )
+
+
+def _gdr_one_side(pairs: pl.DataFrame) -> dict | None:
+    """One connection, two sides: the sender reads GPU memory over GPUDirect RDMA (`[send] via
+    NET/IB/0/GDRDMA`, so the module and topology allow it on its node) while the receiver of the
+    same link writes without it (`[receive] via NET/IB/1`). GDR write is allowed wherever GDR read
+    is on the same hardware, so the receiving node lacks GPUDirect RDMA."""
+    ib = pairs.filter(pl.col("family").str.starts_with("NET/IB") & pl.col("side").is_not_null())
+    send_gdr = ib.filter((pl.col("side") == "send") & pl.col("gdr")).select("src", "dst").unique()
+    recv_plain = ib.filter((pl.col("side") == "receive") & ~pl.col("gdr")).join(send_gdr, on=["src", "dst"])
+    if not recv_plain.height:
+        return None
+    sent = ib.filter((pl.col("side") == "send") & pl.col("gdr")).join(recv_plain.select("src", "dst").unique(), on=["src", "dst"])
+    receivers = sorted(set(recv_plain.get_column("dst").to_list()))
+    return finding(
+        "transport-gdr-one-side",
+        hosts=recv_plain.get_column("host").drop_nulls().unique().sort().to_list(),
+        confidence=0.5,
+        summary=(
+            f"the same InfiniBand links use GPUDirect RDMA on the sending side and not on the receiving side "
+            f"({_links_text(recv_plain)}): the node of receiving rank{'s' if len(receivers) > 1 else ''} "
+            f"{', '.join(map(str, receivers[:6]))} stages every transfer through host memory"
+        ),
+        evidence=recv_plain.get_column("event_id").head(4).to_list() + sent.get_column("event_id").head(2).to_list(),
     )
 
 
