@@ -56,3 +56,14 @@ def test_gdr_on_the_receive_side_only_is_no_finding(tmp_path):
     report = job(tmp_path, ["12[3d000] -> 5[1c000] [send] via NET/IB/2",
                             "12[3d000] -> 5[1c000] [receive] via NET/IB/0/GDRDMA"])
     assert report["verdict"]["category"] == "none"
+
+
+def test_an_interface_list_pasted_one_entry_a_line_is_read_as_the_list(tmp_path):
+    report = job(tmp_path, ["INFO NET/Socket : Using", "[0]ens3:10.20.0.4<0>", "[1]docker0:172.17.0.1<0>",
+                            "[2]veth9f3e1aa:fe80::a0c1:2ff:fe33:4455%veth9f3e1aa<0>"])
+    assert report["verdict"]["category"] == "wrong_network_interface"
+
+
+def test_interface_entries_without_their_list_head_are_no_finding(tmp_path):
+    report = job(tmp_path, ["[0]ens3:10.20.0.4<0>", "[1]docker0:172.17.0.1<0>"])
+    assert report["verdict"]["category"] == "none"

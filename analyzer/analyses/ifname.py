@@ -1,4 +1,6 @@
-"""Cross-host analysis (part of stage 4, detect): one NCCL_SOCKET_IFNAME for hosts whose interfaces differ.
+"""Cross-host analyses (part of stage 4, detect): the network interfaces NCCL uses between hosts.
+
+`ifname_differs_across_hosts`: one NCCL_SOCKET_IFNAME for hosts whose interfaces differ.
 
 NCCL_SOCKET_IFNAME picks the bootstrap and socket interface by name (a prefix, or an exact name after
 `=`). Set once for the whole job (a launcher's `-x NAME=value` / `--env`, an `export` in the batch
@@ -6,6 +8,11 @@ script) it must name an interface every host has; NCCL's maintainers say differe
 across hosts are not supported. When it names a single interface and NCCL fails at init on some of
 the job's hosts while the others got past it, the hosts that failed are the ones without that
 interface (`enp6s0` on one server, `enp4s0` on the other), not a bug of NCCL.
+
+`virtual_interface_selected`: NCCL's bootstrap or socket interface list names a container / virtual
+interface (veth, docker, a bridge, loopback), whose addresses other hosts cannot reach. Only a cause
+between hosts: on a job the logs show to run on one host (`shown_single_host`) the ranks reach each
+other through P2P / SHM and the bootstrap's own addresses, so the list is harmless there.
 """
 
 from __future__ import annotations
@@ -57,3 +64,55 @@ def _job_wide_settings(events: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("value").str.contains(_SINGLE_NAME))
         .with_columns(pl.col("value").str.strip_prefix("="))
     )
+
+
+# NCCL's interface list naming a container/virtual interface or loopback (`NET/Socket : Using
+# [0]ens5:172.31.0.137<0> [1]veth75fa783:fe80::...`, `Bootstrap : Using [0]docker0:172.17.0.1<0>`).
+_VIRTUAL_INTERFACE = (r"(?:Bootstrap|NET/Socket) ?: ?Using.*(?:^|[\]\s])"
+                      r"(?:veth\w*|docker\d*|virbr\d*|br-[0-9a-f]+|cni\d*|flannel[\w.]*|lo):")
+# The same list pasted one entry a line under its `NET/Socket : Using` head (kind nccl.interface).
+_VIRTUAL_ENTRY = r"^\s*\[\d+\](?:veth\w*|docker\d*|virbr\d*|br-[0-9a-f]+|cni\d*|flannel[\w.]*|lo):"
+_LIST_HEAD = r"(?:Bootstrap|NET/Socket) ?: ?Using\s*$"
+_NODES = r"\bnNodes (\d+)"
+# A connection through the network transport: the job spans hosts (or was made to use the network).
+_NET_PATH = r"via (?:NET|COLLNET)/"
+MAX_EVIDENCE = 12
+
+
+@register("virtual_interface_selected")
+def virtual_interface_selected(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
+    hits = events.filter((pl.col("kind") == "nccl.net") & pl.col("message").fill_null("").str.contains(_VIRTUAL_INTERFACE))
+    hits = pl.concat([hits, _virtual_entries(events)]).unique("event_id", keep="first").sort("event_id")
+    if hits.height == 0 or shown_single_host(events, job):
+        return findings_frame([])
+    hosts = hits.get_column("host").drop_nulls().unique().sort().to_list()
+    where = f" on host{'s' if len(hosts) > 1 else ''} {', '.join(hosts[:8])}" if hosts else ""
+    return findings_frame([finding(
+        "nccl-virtual-interface-selected",
+        hosts=hosts,
+        confidence=0.7,
+        summary=f"{hits.height} NCCL interface line{'s' if hits.height != 1 else ''}{where}: {hits.get_column('message')[0][:300]}",
+        evidence=hits.get_column("event_id").head(MAX_EVIDENCE).to_list(),
+    )])
+
+
+def _virtual_entries(events: pl.DataFrame) -> pl.DataFrame:
+    """Entry lines (`[3]veth1a2b:fe80::1%veth1a2b<0>`) of an interface list whose `... : Using` head
+    ends its own line, in a file that holds such a head: the list NCCL printed, one entry a line."""
+    heads = events.filter((pl.col("kind") == "nccl.net") & pl.col("message").fill_null("").str.contains(_LIST_HEAD))
+    entries = events.filter((pl.col("kind") == "nccl.interface") & pl.col("message").fill_null("").str.contains(_VIRTUAL_ENTRY))
+    return entries.filter(pl.col("file").is_in(heads.get_column("file").implode()))
+
+
+def shown_single_host(events: pl.DataFrame, job: JobContext) -> bool:
+    """The logs state that every rank ran on one host, not merely that one host's lines were posted:
+    NCCL's `nNodes 1` or an nccl-tests device table (which lists every rank of the test), a single host
+    name in the job, no `nNodes` above 1 and no connection through NET / COLLNET."""
+    hosts = set(events.get_column("host").drop_nulls().unique().to_list()) | set(job.hosts)
+    if len(hosts) != 1:
+        return False
+    kind, message = pl.col("kind"), pl.col("message").fill_null("")
+    nodes = events.filter(kind == "nccl.topology").get_column("message").str.extract(_NODES, 1).cast(pl.Int64, strict=False).drop_nulls()
+    if (nodes > 1).any() or events.filter((kind == "nccl.transport") & message.str.contains(_NET_PATH)).height:
+        return False
+    return bool((nodes == 1).any()) or events.filter(kind == "nccltests.device").height > 0
