@@ -196,6 +196,7 @@ def _parse_nccl_tests(items: list[InputFile]) -> list[pl.DataFrame]:
 POOLED_FORMATS = ("pickle", "flight_recorder_json")
 POOL_MIN_DUMPS = 256
 POOL_MAX_CHUNK = 1024
+FRAME_DUMPS = 128  # a worker turns the column lists of this many dumps into one frame at a time
 
 
 def _parse_others(items: list[InputFile]) -> list[pl.DataFrame]:
@@ -283,16 +284,23 @@ def _parse_chunk(items: list[InputFile]) -> tuple[pl.DataFrame, list[tuple]]:
                 rows = []
         else:
             rows.append(events)
+            if len(rows) == FRAME_DUMPS:  # Python lists of a whole chunk would slow every GC pass
+                frames.append(rows_frame(rows))
+                rows = []
     if rows:
         frames.append(rows_frame(rows))
     return concat_events(frames), [(i.status, i.reason, i.format, i.ranks, i.lines, i.unparsed_lines) for i in items]
 
 
 def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
-    """Read text inputs chunk by chunk into batches of about BATCH_BYTES and parse each batch at once."""
-    from analyzer.parse.logtext import iter_pieces, parse_text_pieces, year_hint_for
+    """Read text inputs chunk by chunk into batches of about BATCH_BYTES and parse each batch at once
+    (a large input's batches on two cores: `textpool.py`)."""
+    if not items:
+        return []  # importing the text parser compiles its vocabularies: seconds a dump-only job never needs
+    from analyzer.parse.logtext import iter_pieces, year_hint_for
+    from analyzer.parse.textpool import BatchParser, worker_wanted
 
-    frames: list[pl.DataFrame] = []
+    parser = BatchParser(parse_text_batch, worker_wanted(sum(i.size for i in items)))
     batch: list = []
     size = 0
     batches_of: dict[int, int] = {}  # by input: how many batches its pieces went into
@@ -300,7 +308,7 @@ def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
     def flush() -> None:
         nonlocal batch, size
         if batch:
-            frames.append(_parse_batch(batch, parse_text_pieces, year_hint_for(batch[0].item)))
+            parser.add(batch, year_hint_for(batch[0].item))
             for key in {id(p.item) for p in batch}:
                 batches_of[key] = batches_of.get(key, 0) + 1
         batch, size = [], 0
@@ -316,9 +324,16 @@ def _parse_text_batches(items: list[InputFile]) -> list[pl.DataFrame]:
             batch = [p for p in batch if p.item is not item]
             item.skip(f"could not read: {type(exc).__name__}: {exc}"[:500], status="error")
     flush()
+    frames = parser.frames()
     for item in items:
         _finish(item)
     return _merged_across_batches(frames, [i.path for i in items if batches_of.get(id(i), 0) > 1])
+
+
+def parse_text_batch(batch: list, year_hint: int) -> pl.DataFrame:
+    from analyzer.parse.logtext import parse_text_pieces
+
+    return _parse_batch(batch, parse_text_pieces, year_hint)
 
 
 def _merged_across_batches(frames: list[pl.DataFrame], split_files: list[str]) -> list[pl.DataFrame]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from analyzer.parse.line_kinds import LineKind, line_kinds
+from analyzer.parse.subsets import captured, spread
 from analyzer.parse.vocabulary import BENIGN, with_hits
 
 # --- headers -------------------------------------------------------------------------------------
@@ -60,41 +61,118 @@ def vocabulary_kind() -> pl.Expr:
 
 
 def classify(lines: pl.DataFrame) -> pl.DataFrame:
-    frame = lines.with_columns(pl.col("body").str.extract_groups(_NCCL).alias("_n")).unnest("_n")
-    frame = frame.with_columns(
-        *[pl.coalesce(name, f"{name}_r").alias(name) for name in ("nccl_host", "nccl_dev", "nccl_level", "nccl_msg")]
-    ).drop("nccl_host_r", "nccl_dev_r", "nccl_level_r", "nccl_msg_r")
-    is_nccl = pl.col("nccl_level").is_not_null()
-    has_c10d_hint = pl.col("body").str.contains("] ", literal=True) & ~is_nccl
-    frame = frame.with_columns(
-        pl.when(has_c10d_hint).then(pl.col("body").str.extract_groups(_C10D)).alias("_c"),
-        pl.when(~is_nccl).then(pl.col("body").str.extract_groups(_GLOG)).alias("_g"),
-    ).unnest("_c", "_g")
+    body = lines.get_column("body")
+    nccl = _nccl_header(body)
+    is_nccl = nccl.get_column("nccl_level").is_not_null()
+    c10d_rows = (body.str.contains("] ", literal=True) & ~is_nccl).arg_true()
+    glog_rows = (~is_nccl).arg_true()
+    frame = pl.concat(
+        [
+            lines,
+            nccl,
+            spread([(c10d_rows, captured(body, c10d_rows, _C10D))], body.len()),
+            spread([(glog_rows, captured(body, glog_rows, _GLOG))], body.len()),
+        ],
+        how="horizontal",
+    )
     message = pl.coalesce("nccl_msg", "c_msg", "g_msg", "body")
     frame = with_hits(frame.with_columns(message.alias("message")), "body")
+    return frame.with_columns(pl.coalesce(_first_kind(frame), _level_kind(frame)).alias("kind"))
+
+
+# --- headers, fast path -------------------------------------------------------------------------------
+# Rust's regex is slow at capturing: most of all at a long trailing `.*` (PERF.md), and a group
+# extraction costs ten times a test. So capturing patterns run only on the rows that match them
+# (`subsets.py`), and NCCL's usual header (`host:pid:tid [dev] NCCL INFO msg`: no timestamp, source
+# file or function) is read by a short pattern. On such a line _NCCL's first branch captures just
+# these fields (its optional junk group cannot end inside a `host:pid:tid` token whose host has no
+# colon) and the rest of the line after `\**\s?` as the message, which is cut off by a search.
+_NCCL_PLAIN = r"^(?P<nccl_host>[\w.\-<>]+):(?P<nccl_pid>\d+):(?P<nccl_tid>\d+) \[(?P<nccl_dev>\d+)\] NCCL (?P<nccl_level>INFO|WARN|TRACE|CALL|ERROR)"
+_NCCL_PLAIN_HEAD = _NCCL_PLAIN + r"\**\s?"
+_NCCL_GROUPS = ("nccl_ts", "nccl_host", "nccl_pid", "nccl_tid", "nccl_dev", "nccl_level", "nccl_msg")
+_NCCL_ALT = ("nccl_host", "nccl_dev", "nccl_level", "nccl_msg")  # `_r`: the second branch's names
+
+
+def _nccl_header(body: pl.Series) -> pl.DataFrame:
+    """_NCCL's fields of every body (null where it has no NCCL header): `_NCCL_GROUPS` columns."""
+    is_plain = body.str.contains(_NCCL_PLAIN)
+    plain_rows = is_plain.arg_true()
+    plain = body.gather(plain_rows).to_frame("_t").select(
+        pl.lit(None, dtype=pl.String).alias("nccl_ts"),
+        pl.col("_t").str.extract_groups(_NCCL_PLAIN).alias("_h"),
+        pl.col("_t").str.replace(_NCCL_PLAIN_HEAD, "").alias("nccl_msg"),
+    ).unnest("_h")
+    other_rows = (body.str.contains(_NCCL) & ~is_plain).arg_true()
+    other = captured(body, other_rows, _NCCL).select(
+        *[pl.coalesce(name, f"{name}_r").alias(name) if name in _NCCL_ALT else pl.col(name) for name in _NCCL_GROUPS]
+    )
+    return spread([(plain_rows, plain.select(_NCCL_GROUPS)), (other_rows, other)], body.len())
+
+
+# --- line kinds, gated by their literals ---------------------------------------------------------------
+# A kind's regex runs only on the messages that hold one of its prefilter literals (the registry
+# guarantees they cover it): one Aho-Corasick pass finds which literals each message holds, and
+# each kind's regex runs on its own rows. The first kind in registry order that matches wins, as
+# if every regex had been tried in turn. An NCCL WARN is known by its header's level, a
+# neighbour-only kind (no literals) is tried on every row.
+_GATED = [(i, k) for i, k in enumerate(LINE_KINDS) if k.family != "nccl_warn" and k.literals]
+_GATE_LITERALS = sorted({lit for _, k in _GATED for lit in k.literals})
+_LITERAL_ID = {lit: n for n, lit in enumerate(_GATE_LITERALS)}
+_LITERAL_KINDS = pl.DataFrame(
+    sorted({(_LITERAL_ID[lit], i) for i, k in _GATED for lit in k.literals}),
+    schema={"_lit": pl.UInt32, "_k": pl.UInt32}, orient="row",
+)
+_UNGATED = [(i, k) for i, k in enumerate(LINE_KINDS) if k.family != "nccl_warn" and not k.literals]
+_WARN_KINDS = [i for i, k in enumerate(LINE_KINDS) if k.family == "nccl_warn"]
+_KIND_NAMES = pl.Series([k.kind for k in LINE_KINDS], dtype=pl.String)
+_NEEDS_NCCL = pl.Series([k.family == "nccl" for k in LINE_KINDS])
+_IS_GENERIC = pl.Series([k.generic for k in LINE_KINDS])
+
+
+def _first_kind(frame: pl.DataFrame) -> pl.Series:
+    """The first registry kind that matches each row's message (null: none)."""
+    message = frame.get_column("message")
+    found = pl.DataFrame(
+        {"_r": pl.int_range(frame.height, eager=True, dtype=pl.UInt32), "_lit": message.str.extract_many(_GATE_LITERALS, overlapping=True)}
+    ).explode("_lit").drop_nulls()
+    pairs = found.with_columns(pl.col("_lit").replace_strict(_LITERAL_ID, return_dtype=pl.UInt32)).join(_LITERAL_KINDS, on="_lit")
+    by_kind = pairs.partition_by("_k", as_dict=True)
+    hits: list[pl.Series] = []
+    for index, kind in _GATED:
+        part = by_kind.get((index,))
+        if part is not None:
+            rows = part.get_column("_r").unique()
+            hits.append(_tagged(rows.filter(message.gather(rows).str.contains(kind.pattern)), index))
+    for index, kind in _UNGATED:
+        hits.append(_tagged(message.str.contains(kind.pattern).arg_true(), index))
+    level = frame.get_column("nccl_level")
+    for index in _WARN_KINDS:
+        hits.append(_tagged((level == "WARN").fill_null(False).arg_true(), index))
     # A line whose writer gave it a level (NCCL, c10d, glog headers) is judged by that level, and a line
     # the benign vocabulary knows is no failure report: neither gets a catch-all (generic) kind.
-    leveled = pl.coalesce("nccl_level", "c_level", "g_level").is_not_null()
-    benign = (pl.col("vocab_category") == BENIGN).fill_null(False)
-    not_generic = leveled | benign
-    kind_expr = pl.lit(None, dtype=pl.String)
-    for line_kind in reversed(LINE_KINDS):
-        if line_kind.family == "nccl_warn":
-            condition = pl.col("nccl_level") == "WARN"
-        elif line_kind.family == "nccl":
-            condition = is_nccl & pl.col("message").str.contains(line_kind.pattern)
-        else:
-            condition = pl.col("message").str.contains(line_kind.pattern)
-        if line_kind.generic:
-            condition = condition & ~not_generic
-        kind_expr = pl.when(condition).then(pl.lit(line_kind.kind)).otherwise(kind_expr)
-    level_kind = (
+    not_generic = frame.select(
+        pl.coalesce("nccl_level", "c_level", "g_level").is_not_null() | (pl.col("vocab_category") == BENIGN).fill_null(False)
+    ).to_series()
+    matched = pl.concat(hits)
+    row, kind = matched.get_column("_r"), matched.get_column("_k")
+    allowed = ~(_NEEDS_NCCL.gather(kind) & level.gather(row).is_null()) & ~(_IS_GENERIC.gather(kind) & not_generic.gather(row))
+    first = matched.filter(allowed).group_by("_r").agg(pl.col("_k").min())
+    names = _KIND_NAMES.gather(first.get_column("_k")).to_frame("_kind")
+    return spread([(first.get_column("_r"), names)], frame.height).to_series()
+
+
+def _tagged(rows: pl.Series, index: int) -> pl.DataFrame:
+    return pl.DataFrame({"_r": rows.cast(pl.UInt32)}).with_columns(pl.lit(index, dtype=pl.UInt32).alias("_k"))
+
+
+def _level_kind(frame: pl.DataFrame) -> pl.Expr:
+    """A c10d or glog record that no kind matched, by its header's level."""
+    return (
         pl.when(pl.col("c_level").is_in(["E", "F"]) | pl.col("g_level").is_in(["E", "F"]))
         .then(pl.lit("c10d.error"))
         .when(pl.col("c_level") == "W")
         .then(pl.lit("c10d.warning"))
     )
-    return frame.with_columns(pl.coalesce(kind_expr, level_kind).alias("kind"))
 
 
 def writer_columns() -> list[pl.Expr]:
