@@ -26,7 +26,7 @@ from analyzer.facts.hostfacts import host_fact_records
 from analyzer.knownissues import notes_by_host
 from analyzer.decide import decide
 from analyzer.detect import detect, format_ranks
-from analyzer.io import STDIN, DiscoveryError, InputFile, discover
+from analyzer.io import DiscoveryError, InputFile, discover_job
 from analyzer.facts.gpus import culprit_gpus
 from analyzer.parse import TEXT_FORMATS, parse_inputs
 from analyzer.report import (SCHEMA_VERSION, Checkpoint, CulpritGpu, Evidence, Finding, HostFacts, InputRecord, Job,
@@ -64,7 +64,8 @@ class Analysis:
 
 
 def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()) -> Analysis:
-    inputs = discover(path)
+    discovery = discover_job(path)
+    inputs = discovery.inputs
     if not inputs:
         raise NothingToAnalyse(f"{path}: the directory holds no files")
     raw = parse_inputs(inputs)
@@ -74,8 +75,7 @@ def analyze(path: str | os.PathLike[str], checkpoint_paths: tuple[str, ...] = ()
     events, facts = correlate(raw, inputs)
     _record_input_ranks(events, inputs)
     rules = rules_by_id()
-    root = None if str(path) == STDIN else str(path)  # standard input has no directory to audit
-    job = job_context(events, facts, root=root, checkpoint_paths=tuple(map(str, checkpoint_paths)))
+    job = job_context(events, facts, discovery.listing, checkpoint_paths=tuple(map(str, checkpoint_paths)))
     detection = detect(events, job)
     decision = decide(detection.findings, rules)
     checkpoints = _checkpoint_records(job, detection.problems)
@@ -124,7 +124,7 @@ def build_report(
     # Only the events the findings cite: a dict of every event is a million Python rows at 16k ranks.
     cited = ranked.get_column("evidence").explode().drop_nulls().unique()
     by_id = (
-        events.filter(pl.col("event_id").is_in(cited))
+        events.filter(pl.col("event_id").is_in(cited.implode()))
         .select("event_id", "file", "line", "rank", "text")
         .rows_by_key("event_id", named=True, unique=True)
     )

@@ -28,7 +28,9 @@ TOP_KEYS = frozenset(
      "remediation", "references", "match", "analysis", "tests", "fallback", "cause_of", "reported_alone"}
 )
 MATCH_KEYS = frozenset({"kinds", "anywhere", "message", "message_all", "message_not", "detail", "detail_not", "code", "severity"})
-TEST_KEYS = frozenset({"must_match", "must_not_match", "fixtures", "known_gaps"})
+# `fixtures`: job directories (repository-relative) whose report must hold this rule's finding
+# (tests/test_rules_loader.py analyses each).
+TEST_KEYS = frozenset({"must_match", "must_not_match", "fixtures"})
 
 
 class RuleError(ValueError):

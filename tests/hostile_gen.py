@@ -353,7 +353,8 @@ def checkpoint_symlink_loop(job: Path, scale: float) -> str:
 
 
 def sibling_jobs(job: Path, scale: float) -> str:
-    """`job` is one of several jobs under a common parent that also holds `outputs/` and `ckpt-*` of no job in particular."""
+    """`job` is one of several jobs under a common parent that also holds `outputs/` and `ckpt-*` of no job in
+    particular, and the job's own `<job>-checkpoints/` (audited only when --checkpoint names it)."""
     _companion(job)
     parent = job.parent
     other = parent / "other-job"

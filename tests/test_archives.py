@@ -179,7 +179,7 @@ def test_a_torch_zip_is_a_checkpoint_and_a_zip_of_logs_is_an_archive(tmp_path):
     assert (inputs["model.zip"].format, inputs["model.zip"].status) == ("checkpoint", "skipped")
     assert not any(path.startswith("model.zip!") for path in inputs)
     member = inputs["logs.zip!none_rvolrln4/attempt_0/0/stderr.log"]
-    assert (member.format, member.status, member.attempt, member.local_rank_hint) == ("text", "pending", 0, 0)
+    assert (member.format, member.status, member.local_rank_hint) == ("text", "pending", 0)
 
 
 def test_nested_archives_are_read_one_level_deep(tmp_path):

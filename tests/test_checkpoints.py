@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 import torch
 
+import analyzer.facts.checkpoint_audit as checkpoint_audit
 from analyzer.facts.checkpoint_audit import COMPONENTS, audit
+from analyzer.io import discover_job
 from analyzer.parse.checkpoints.symbolic import classify_global, read_pickle_symbolically
 
 ALL_STATE = [c for c in COMPONENTS if c != "grad_scaler"]
@@ -532,19 +534,39 @@ def test_per_rank_files_with_a_gap(tmp_path):
 # --- where checkpoints are looked for ----------------------------------------------------------------
 
 
-def test_checkpoints_next_to_the_job_and_given_explicitly(tmp_path):
+def test_checkpoints_next_to_the_job_only_when_given_explicitly(tmp_path):
     job = tmp_path / "run" / "logs"
     job.mkdir(parents=True)
     (job / "train.log").write_text("step 1 loss 2.0\n")
-    (tmp_path / "run" / "checkpoints").mkdir()
-    torch.save(training_state(10), tmp_path / "run" / "checkpoints" / "step_10.pt")
+    beside = tmp_path / "run" / "checkpoints"
+    beside.mkdir()
+    torch.save(training_state(10), beside / "step_10.pt")
     elsewhere = tmp_path / "store" / "step_20.pt"
     elsewhere.parent.mkdir()
     torch.save(training_state(20), elsewhere)
-    frame = audit(job, [str(elsewhere), str(tmp_path / "nope.pt")])
-    assert one(frame, "../checkpoints/step_10.pt")["readable"]
+    assert audit(job).height == 0  # nothing beside the job is read unless --checkpoint names it
+    frame = audit(job, [str(beside), str(elsewhere), str(tmp_path / "nope.pt")])
+    assert one(frame, f"{beside}/step_10.pt")["readable"]
     assert one(frame, str(elsewhere))["newest_resumable"]
     assert one(frame, str(tmp_path / "nope.pt"))["reason"] == "--checkpoint path does not exist"
+
+
+def test_the_audit_reads_discoverys_listing_and_walks_nothing(tmp_path, monkeypatch):
+    """The job is walked once, by discovery: the audit takes its listing and lists nothing itself, and
+    a file the listing does not hold (created after the walk) is not audited."""
+    torch.save(training_state(10), tmp_path / "step_10.pt")
+    listing = discover_job(tmp_path).listing
+    torch.save(training_state(20), tmp_path / "step_20.pt")
+    monkeypatch.setattr(checkpoint_audit.os, "scandir", None)  # any walk of its own would fail
+    monkeypatch.setattr(checkpoint_audit, "list_path", None)
+    assert audit(listing).get_column("path").to_list() == ["step_10.pt"]
+
+
+def test_a_single_file_job_audits_that_file_and_not_its_directory(tmp_path):
+    torch.save(training_state(10), tmp_path / "step_10.pt")
+    (tmp_path / "train.log").write_text("step 1 loss 2.0\n")
+    assert audit(tmp_path / "train.log").height == 0
+    assert audit(tmp_path / "step_10.pt").get_column("path").to_list() == ["step_10.pt"]
 
 
 def test_flight_recorder_dumps_and_logs_are_not_checkpoints(tmp_path):

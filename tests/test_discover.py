@@ -15,7 +15,7 @@ def test_torchrun_layout_gives_local_rank(tmp_path):
     d.mkdir(parents=True)
     (d / "stderr.log").write_text(NCCL_LINE)
     (item,) = discover(tmp_path)
-    assert item.local_rank_hint == 3 and item.attempt == 0 and item.format == "text"
+    assert item.local_rank_hint == 3 and item.format == "text"
 
 
 def test_classified_by_content_not_name(tmp_path):

@@ -98,7 +98,7 @@ def test_a_1500_level_tree_is_walked_without_recursion_and_the_cut_is_a_row(tmp_
 
 
 def test_a_deep_tree_gives_a_report_listing_the_cut(tmp_path):
-    # 200 levels: past the cap, and the checkpoint audit's own walk of the tree stays quick.
+    # 200 levels: past the cap; the checkpoint audit reads the walk's listing, cut at the same depth.
     job = _deep_job(tmp_path, 200)
     try:
         code, report = analyze_json(job)

@@ -35,13 +35,14 @@ PRELUDES = {
 SCALE = 0.05
 
 
-def run_item(name: str, tmp_path: Path) -> tuple[dict, str, Path]:
+def run_item(name: str, tmp_path: Path, argv: tuple[str, ...] = ()) -> tuple[dict, str, Path]:
     item = gen.BY_NAME[name]
     job = tmp_path / "job"
     entry = gen.write(item, job, SCALE)
     target = job / entry if name == "link-out-of-root" else job
     before = tree_state(tmp_path)
-    result = gen.measure(target, tmp_path.parent / f"{tmp_path.name}.report.json", item.argv, prelude=PRELUDES.get(name, ""))
+    result = gen.measure(target, tmp_path.parent / f"{tmp_path.name}.report.json", item.argv + argv,
+                         prelude=PRELUDES.get(name, ""))
     assert tree_state(tmp_path) == before, "the analysis wrote inside the analysed directory"
     assert result["exit"] in (0, 1, 2), result["stderr"]
     assert "Traceback" not in result["stderr"], result["stderr"]
@@ -196,9 +197,12 @@ def test_checkpoint_symlink_loop(tmp_path):
 
 
 def test_sibling_jobs(tmp_path):
-    result, _, _ = run_item("sibling-jobs", tmp_path)
+    # Nothing beside the job is audited unless --checkpoint names it: the job's own directory is
+    # given, and the shared outputs/, ckpt-other-job/ and checkpoint-100/ beside it stay unread.
+    own = tmp_path / "job-checkpoints"
+    result, _, _ = run_item("sibling-jobs", tmp_path, ("--checkpoint", str(own)))
     paths = set(checkpoints(result["report"]))
-    assert paths == {"../job-checkpoints/step_5.pt"}, paths
+    assert paths == {f"{own}/step_5.pt"}, paths
 
 
 def test_link_out_of_root(tmp_path):

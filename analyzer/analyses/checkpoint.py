@@ -1,7 +1,7 @@
 """Detect (checkpoint audit): can this job resume from its checkpoints, and will it resume exactly?
 
-`checkpoint_audit` reads the table of `analyzer.facts.checkpoint_audit.audit_job` (the checkpoints under the
-job root, in its checkpoint-named siblings and at --checkpoint paths) and emits one finding per
+`checkpoint_audit` reads the table of `analyzer.facts.checkpoint_audit.audit_job` (the checkpoints among
+what discovery listed of the job and at --checkpoint paths) and emits one finding per
 kind of trouble, each naming the checkpoints concerned and the newest one to resume from:
 
 - `checkpoint-file-corrupt`: unreadable, truncated, bad CRC, empty;

@@ -249,11 +249,15 @@ def _collective_evidence(events: pl.DataFrame, source: str) -> list[int]:
     return ops.get_column("event_id").to_list()
 
 
-def _gap_evidence(events: pl.DataFrame, source: str, keys: list[int]) -> list[int]:
-    gaps = events.filter(
+def _gaps(events: pl.DataFrame, source: str, keys: list[int]) -> pl.DataFrame:
+    """The idle-gap events of `source`'s traces of the ranks (or devices) `keys`."""
+    return events.filter(
         (pl.col("kind") == "trace.gap") & (pl.col("source") == source) & pl.coalesce("rank", "local_rank", "device").is_in(keys)
     )
-    return gaps.get_column("event_id").to_list()
+
+
+def _gap_evidence(events: pl.DataFrame, source: str, keys: list[int]) -> list[int]:
+    return _gaps(events, source, keys).get_column("event_id").to_list()
 
 
 @register("trace_idle_gaps")
@@ -299,10 +303,7 @@ def trace_idle_gaps(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 
 def _gap_labels(events: pl.DataFrame, source: str, keys: list[int]) -> str:
     """The host-side ranges (record_function / NVTX labels) that the largest idle gaps fall in."""
-    gaps = events.filter(
-        (pl.col("kind") == "trace.gap") & (pl.col("source") == source) & pl.coalesce("rank", "local_rank", "device").is_in(keys)
-    )
-    during = gaps.select(pl.col("detail").str.json_decode(pl.Struct({"during": pl.String})).struct.field("during")).to_series()
+    during = _gaps(events, source, keys).select(pl.col("detail").str.json_decode(pl.Struct({"during": pl.String})).struct.field("during")).to_series()
     names = during.drop_nulls().value_counts(sort=True).head(3).get_column("during").to_list() if during.drop_nulls().len() else []
     return ", ".join(repr(n) for n in names)
 

@@ -17,17 +17,19 @@ from analyzer.exits import INPUT_ERRORS
 from analyzer.facts.checkpoint_audit import audit_job
 from analyzer.facts.correlate import JobContext, JobFacts, correlate
 from analyzer.facts.hostfacts import derive_host_facts
+from analyzer.io import Listing
 
 __all__ = ["JobContext", "JobFacts", "correlate", "job_context"]
 
 
-def job_context(events: pl.DataFrame, facts: JobFacts, root: str | None = None,
+def job_context(events: pl.DataFrame, facts: JobFacts, listing: Listing = Listing(),
                 checkpoint_paths: tuple[str, ...] = ()) -> JobContext:
-    """What detect is handed: correlate's job facts, the per-host facts and the checkpoint audit,
-    each derived here once. An audit that cannot read its files costs only the audit: the reason
-    travels in `checkpoint_problem` and the report lists it."""
-    context = facts.context(events, root=root, checkpoint_paths=checkpoint_paths, host_facts=derive_host_facts(events))
+    """What detect is handed: correlate's job facts, the per-host facts and the checkpoint audit
+    (of discovery's `listing` and the --checkpoint paths), each derived here once. An audit that
+    cannot read its files costs only the audit: the reason travels in `checkpoint_problem` and the
+    report lists it."""
+    context = facts.context(events, checkpoint_paths=checkpoint_paths, host_facts=derive_host_facts(events))
     try:
-        return replace(context, checkpoints=audit_job(events, context))
+        return replace(context, checkpoints=audit_job(events, context, listing))
     except INPUT_ERRORS as exc:
         return replace(context, checkpoint_problem=f"checkpoint audit failed: {type(exc).__name__}: {exc}")

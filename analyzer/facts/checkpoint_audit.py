@@ -1,23 +1,23 @@
 """Stage 3, facts (checkpoint audit): can this job resume, and will it resume correctly?
 
-Finds the checkpoints in (and next to) a job directory and at `--checkpoint` paths, has each one
-read by `analyzer.parse.checkpoints` (complete and readable? which training state?), and names
-the newest one to resume from. Formats: torch.save files (zip and legacy), torch.distributed.checkpoint
+Finds the checkpoints among what discovery listed of the job (`analyzer.io.Listing`: the job is
+walked once, and nothing beside it is looked at) and at `--checkpoint` paths (listed by the same
+walk), has each one read by `analyzer.parse.checkpoints` (complete and readable? which training
+state?), and names the newest one to resume from. Formats: torch.save files (zip and legacy), torch.distributed.checkpoint
 (DCP) directories, DeepSpeed tag directories (with `latest`), Hugging Face / Accelerate checkpoint
 folders (safetensors with their index), per-rank shard files, and the leftovers of interrupted
 saves. The result is one polars frame, one row per checkpoint (`CHECKPOINT_SCHEMA`), which the
 `checkpoint_audit` analysis (analyzer/analyses/checkpoint.py) turns into findings and the report
 lists under `checkpoints`.
 
-Per-file results are cached (`analyzer.parse.checkpoints.files`), so the report and the analysis
-can both call `audit` on the same job and the files are read once.
+The audit is made once, by `analyzer.facts.job_context`; the analysis and the report read its table.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,6 +25,7 @@ import polars as pl
 
 from analyzer.bounds import rank_number
 from analyzer.exits import INPUT_ERRORS
+from analyzer.io import Listing, list_path
 from analyzer.parse.checkpoints.files import sniff, torch_available
 from analyzer.parse.checkpoints.layouts import (CHECKPOINT_SCHEMA, CHECKPOINT_SUFFIXES, DCP_METADATA, DCP_SHARD, DS_MODEL,
                                                 DS_OPTIM, HF_INDEX, MEGATRON_TRACKER, Auditor, dcp_record,
@@ -36,14 +37,10 @@ COMPONENTS = ("model", "optimizer", "lr_scheduler", "rng_python", "rng_numpy", "
 # What an exact resume needs; rng_cuda only when the job ran on GPUs.
 _EXACT_RESUME = ("model", "optimizer", "lr_scheduler", "rng_python", "rng_numpy", "rng_torch", "data_position", "step")
 
-# Caps that keep one hostile or huge checkpoint from exhausting the machine or the time budget.
-MAX_WALK_FILES = 200_000
 _SNIFFED_SUFFIXES = frozenset({".bin", ".pkl", ".pickle", ".distcp", ".model", ".state", ".zip", ""})
 _TEMP_NAME = re.compile(r"(?i)(?:\.(?:tmp|temp|partial|part|incomplete|inprogress|writing)(?:[.\-_~][A-Za-z0-9]{1,16})?|~)$")
 _TEMP_DIR = re.compile(r"(?i)^tmp[-_](?:checkpoint|ckpt)[-_]?\d+$")
 _CHECKPOINT_WORD = re.compile(r"(?i)ckpt|checkpoint|model|optim|sched|rng|weights|state|step|epoch|\.pt|\.pth|\.bin|\.safetensors|\.distcp|\.metadata")
-_SIBLING_DIR = re.compile(r"(?i)^(?:checkpoints?|ckpts?|ckpt[-_].*|checkpoint[-_].*|saved?[-_]?models?|weights|outputs?)$")
-_CHECKPOINT_DIR_WORD = re.compile(r"checkpoints?|ckpts?|outputs?|weights|saved?[-_]?models?")
 _HF_DIR = re.compile(r"^checkpoint[-_]\d+$")
 _HF_MARKERS = re.compile(r"^(?:trainer_state\.json|random_states_\d+\.pkl|optimizer(?:_\d+)?\.bin|scheduler(?:_\d+)?\.bin"
                          r"|rng_state(?:_\d+)?\.pth)$")
@@ -55,19 +52,27 @@ def _display(base: str, relative: str) -> str:
     return f"{base.rstrip('/')}/{relative}" if base else relative
 
 
-def _walk(location: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
-    """(directory, subdirectories, files) top-down, sorted; never following a link out of the tree."""
-    real_root = _real(location)
-    count = 0
-    pending = [location]
-    while pending:
-        here = pending.pop()
-        dirs, files = _entries(here, real_root)
-        count += len(dirs) + len(files)
-        if count > MAX_WALK_FILES:
-            return
-        yield here, dirs, files
-        pending.extend(here / d for d in reversed(dirs))
+def _tree(listing: Listing) -> list[tuple[Path, list[str]]]:
+    """(directory, its files) for every directory of the listing, in walk order. Special files are
+    left out, and a link counts only when it names a file inside the listed root: `model.pt ->
+    /etc/shadow` is never opened nor stat'ed."""
+    root = listing.root
+    real_root = _real(root)
+    files_of: dict[str, list[str]] = {d: [] for d in listing.dirs}
+    for rel in listing.files:
+        parent, _, name = rel.rpartition("/")
+        if parent in files_of and _auditable(listing, rel, real_root):
+            files_of[parent].append(name)
+    return [(root / d if d else root, files) for d, files in files_of.items()]
+
+
+def _auditable(listing: Listing, rel: str, real_root: Path | None) -> bool:
+    if rel in listing.special:
+        return False
+    if rel not in listing.links:
+        return True
+    target = _real(listing.root / rel)
+    return real_root is not None and target is not None and target.is_relative_to(real_root) and target.is_file()
 
 
 def _real(path: Path) -> Path | None:
@@ -75,29 +80,6 @@ def _real(path: Path) -> Path | None:
         return path.resolve()
     except (OSError, RuntimeError):  # Python < 3.13 raises RuntimeError for a symlink loop
         return None
-
-
-def _entries(here: Path, real_root: Path | None) -> tuple[list[str], list[str]]:
-    """A directory's subdirectories (links never followed) and files, a link counting only when it
-    names a file inside `real_root`: `model.pt -> /etc/shadow` is never opened nor stat'ed."""
-    dirs, files = [], []
-    try:
-        entries = sorted(os.scandir(here), key=lambda e: e.name)
-    except OSError:
-        return dirs, files
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                dirs.append(entry.name)
-            elif entry.is_symlink():
-                target = _real(Path(entry.path))
-                if real_root is not None and target is not None and target.is_relative_to(real_root) and target.is_file():
-                    files.append(entry.name)
-            elif entry.is_file(follow_symlinks=False):
-                files.append(entry.name)
-        except OSError:
-            continue
-    return dirs, files
 
 
 def _dir_kind(directory: Path, files: list[str]) -> str | None:
@@ -138,23 +120,40 @@ def _single_candidate(path: Path) -> bool:
     return bool(kind)
 
 
-def _audit_location(location: Path, base: str, recursive: bool, auditor: Auditor, seen: set[Path]) -> list[dict]:
+def _audit_listing(listing: Listing, base: str, named: bool, auditor: Auditor, seen: set[Path]) -> list[dict]:
+    """The checkpoints of a listing: its directory tree, or its one file: audited as a checkpoint when
+    `--checkpoint` names it, else only when it is one (a single log analysed is no checkpoint)."""
+    root = listing.root
+    if listing.dirs:
+        return _audit_tree(root, _tree(listing), base, auditor, seen)
+    if named:
+        return [record for rel in listing.files for record in _audit_file(root / rel, base or rel, auditor, seen)]
+    real_root = _real(root)
+    files = [rel for rel in listing.files if _auditable(listing, rel, real_root)]
+    return _loose_files(root, files, lambda path: _display(base, path.relative_to(root).as_posix()), auditor, seen)
+
+
+def _audit_file(path: Path, label: str, auditor: Auditor, seen: set[Path]) -> list[dict]:
+    if not path.is_file():  # a FIFO, a device, a dangling link or a link loop: nothing to audit
+        return []
+    real = path.resolve()
+    if real in seen:
+        return []
+    seen.add(real)
+    if _is_temporary_checkpoint(path):
+        return [temporary_record(label, path, auditor)]
+    record = file_record(label, path, auditor)
+    return [record] if record else []
+
+
+def _audit_tree(location: Path, tree: list[tuple[Path, list[str]]], base: str, auditor: Auditor,
+                seen: set[Path]) -> list[dict]:
     records: list[dict] = []
-    if location.is_file():
-        real = location.resolve()
-        if real in seen:
-            return records
-        seen.add(real)
-        if _is_temporary_checkpoint(location):
-            return [temporary_record(base or location.name, location, auditor)]
-        record = file_record(base or location.name, location, auditor)
-        return [record] if record else []
-    tree = list(_walk(location)) if recursive else [(location, [], _entries(location, _real(location))[1])]
-    kinds = {d: _dir_kind(d, files) for d, _, files in tree}
-    files_of = {d: files for d, _, files in tree}
+    kinds = {d: _dir_kind(d, files) for d, files in tree}
+    files_of = dict(tree)
     consumed: set[Path] = set()
     pointers: dict[Path, tuple[str, str]] = {}
-    for directory, _, files in tree:
+    for directory, files in tree:
         pointer = latest_pointer(directory, files)
         if pointer:
             pointers[directory] = pointer
@@ -189,7 +188,7 @@ def _audit_location(location: Path, base: str, recursive: bool, auditor: Auditor
             return [r for r in (unit_record(directory),) if r] + _temporaries(directory, files, rel, auditor)
         return _loose_files(directory, files, rel, auditor, seen)
 
-    for directory, _, files in tree:
+    for directory, files in tree:
         if directory in consumed or directory.resolve() in seen:
             continue
         try:
@@ -274,57 +273,12 @@ def _pointer_records(pointers: dict[Path, tuple[str, str]], kinds: dict[Path, st
     return extra
 
 
-def _locations(root: str | os.PathLike[str] | None, checkpoint_paths: Iterable[str]) -> list[tuple[Path, str, bool]]:
-    """Where to look: the job (a directory, or a file's directory at the top level only), the
-    checkpoint directories next to it that are its own (see `_own_siblings`), and every --checkpoint path."""
-    found: list[tuple[Path, str, bool]] = []
-    if root:
-        path = Path(root)
-        if path.is_dir():
-            found.append((path, "", True))
-            found += [(s, f"../{s.name}", True) for s in _own_siblings(path)]
-        elif path.is_file():
-            parent = path.parent
-            found.append((parent, "", False))
-            for sibling in _listing(parent):
-                if sibling.is_dir() and not sibling.is_symlink() and _SIBLING_DIR.match(sibling.name):
-                    found.append((sibling, sibling.name, True))
-    for extra in checkpoint_paths:
-        path = Path(extra)
-        if path.exists() or path.is_symlink():
-            found.insert(0, (path, str(extra), True))
-    return found
-
-
-def _own_siblings(job: Path) -> list[Path]:
-    """Checkpoint directories beside the job that are unambiguously its own: named after it
-    (`<job>-checkpoints`, `ckpt-<job>`), or checkpoint-named (`checkpoints`, `outputs`, `ckpt-*`) when
-    the parent holds no other job. Under a parent of many jobs a generic `outputs/` belongs to none
-    of them in particular: auditing it for each would put one job's findings in its neighbours' reports."""
-    real = _real(job)
-    if real is None or real.parent == real:
-        return []
-    siblings = [p for p in _listing(real.parent) if p.is_dir() and not p.is_symlink() and p.resolve() != real
-                and not p.name.startswith(".")]
-    job, word = re.escape(real.name), _CHECKPOINT_DIR_WORD.pattern
-    named = re.compile(rf"(?i)(?:(?:{word})[-_.]?{job}|{job}[-_.]?(?:{word}))(?:[-_.]?\d+)?")
-    own = [p for p in siblings if named.fullmatch(p.name)]
-    generic = [p for p in siblings if _SIBLING_DIR.match(p.name) and p not in own]
-    others = [p for p in siblings if p not in generic and p not in own]
-    return sorted(own if others else own + generic)
-
-
-def _listing(directory: Path) -> list[Path]:
-    try:
-        return sorted(directory.iterdir())
-    except OSError:
-        return []
-
-
-def audit(root: str | os.PathLike[str] | None, checkpoint_paths: Iterable[str] = (), *, world_size: int | None = None,
-          expect_cuda: bool = False, use_torch: bool | None = None) -> pl.DataFrame:
-    """Every checkpoint in or next to `root` and at `checkpoint_paths`, audited: one row each
-    (`CHECKPOINT_SCHEMA`), newest first, with the newest resumable one marked.
+def audit(job: Listing | str | os.PathLike[str] | None, checkpoint_paths: Iterable[str] = (), *,
+          world_size: int | None = None, expect_cuda: bool = False, use_torch: bool | None = None) -> pl.DataFrame:
+    """Every checkpoint among what `job` lists (discovery's listing, or a path listed here by the
+    same walk) and at `checkpoint_paths`, audited: one row each (`CHECKPOINT_SCHEMA`), newest first,
+    with the newest resumable one marked. Nothing else is read: a checkpoint directory beside the
+    job is audited only when a `checkpoint_paths` entry names it.
 
     `world_size` (when the logs tell it) checks per-rank files against the job's size;
     `expect_cuda` (the job ran on GPUs) makes CUDA RNG state part of an exact resume. `use_torch`
@@ -338,13 +292,26 @@ def audit(root: str | os.PathLike[str] | None, checkpoint_paths: Iterable[str] =
         if not Path(extra).exists():
             missing_paths.append(new_record(str(extra), "missing", readable=False, problem="corrupt",
                                          reason="--checkpoint path does not exist"))
-    for location, base, recursive in _locations(root, checkpoint_paths):
+    for base, listing, named in _locations(job, checkpoint_paths):
         try:
-            records.extend(_audit_location(location, base, recursive, auditor, seen))
+            records.extend(_audit_listing(listing, base, named, auditor, seen))
         except OSError as exc:
-            records.append(new_record(base or str(location), "unknown", readable=False, problem="corrupt",
+            records.append(new_record(base or str(listing.root), "unknown", readable=False, problem="corrupt",
                                    reason=f"cannot read: {exc.strerror or exc}"))
     return _table(records + missing_paths, expect_cuda)
+
+
+def _locations(job: Listing | str | os.PathLike[str] | None,
+               checkpoint_paths: Iterable[str]) -> list[tuple[str, Listing, bool]]:
+    """(label, listing, named by --checkpoint) for every --checkpoint path that exists, the last
+    named first, then the job (label "": its paths are shown relative to it)."""
+    found = [(str(extra), list_path(Path(extra)), True) for extra in reversed(tuple(checkpoint_paths))
+             if Path(extra).exists() or Path(extra).is_symlink()]
+    if job is not None:
+        listing = job if isinstance(job, Listing) else list_path(Path(job))
+        if listing.root is not None:  # standard input lists nothing on disk
+            found.append(("", listing, False))
+    return found
 
 
 def _table(records: list[dict], expect_cuda: bool) -> pl.DataFrame:
@@ -385,10 +352,11 @@ def _table(records: list[dict], expect_cuda: bool) -> pl.DataFrame:
     return frame.select(list(CHECKPOINT_SCHEMA))
 
 
-def audit_job(events: pl.DataFrame, job: Any) -> pl.DataFrame:
-    """`audit` with what the job's logs tell: its root, --checkpoint paths, world size, GPU use."""
+def audit_job(events: pl.DataFrame, job: Any, listing: Listing) -> pl.DataFrame:
+    """`audit` of discovery's listing with what the job's logs tell: --checkpoint paths, world size,
+    GPU use."""
     gpu = bool(events.height) and bool(events.select((pl.col("source") == "nccl").any()).item())
-    return audit(job.root, job.checkpoint_paths, world_size=job.world_size, expect_cuda=gpu)
+    return audit(listing, job.checkpoint_paths, world_size=job.world_size, expect_cuda=gpu)
 
 
 def report_records(frame: pl.DataFrame) -> list[dict]:

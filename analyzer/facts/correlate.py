@@ -33,7 +33,6 @@ class JobContext:
     hosts: tuple[str, ...] = ()
     rank_hosts: dict[int, str] = field(default_factory=dict)
     end_ts: object | None = None  # latest timestamp seen anywhere in the job
-    root: str | None = None  # the analysed path (read-only), for analyses that inspect files themselves
     checkpoint_paths: tuple[str, ...] = ()  # extra checkpoint locations given with --checkpoint
     # The per-host facts (facts.hostfacts), derived once for the analyses and the report.
     host_facts: HostFacts = field(default_factory=lambda: derive_host_facts(empty_events()))
@@ -54,7 +53,7 @@ class JobFacts:
     time_span: dict | None = None
     conflicts: list[str] = field(default_factory=list)
 
-    def context(self, events: pl.DataFrame, root: str | None = None, checkpoint_paths: tuple[str, ...] = (),
+    def context(self, events: pl.DataFrame, checkpoint_paths: tuple[str, ...] = (),
                 host_facts: HostFacts | None = None) -> JobContext:
         """The context without the checkpoint audit (analyzer.facts.job_context adds it)."""
         end = events.get_column("ts").max() if events.height else None
@@ -64,7 +63,6 @@ class JobFacts:
             hosts=tuple(self.hosts),
             rank_hosts=dict(self.rank_hosts),
             end_ts=end,
-            root=root,
             checkpoint_paths=checkpoint_paths,
             host_facts=derive_host_facts(events) if host_facts is None else host_facts,
         )

@@ -10,7 +10,8 @@ something unread says so with a row (status skipped, `capped` set), so a report 
 unread evidence as a clean run. Path-layout hints (torchrun `attempt_N/<local_rank>/`, per-rank
 file names) are recorded for correlate. Nothing here parses lines.
 
-Hands on: `discover(root) -> list[InputFile]`, each with its format and status. Modules:
+Hands on: `discover(root) -> list[InputFile]`, each with its format and status; `discover_job(root)`
+adds the `Listing` of what the walk found on disk, which the checkpoint audit reads. Modules:
 `walk` (the directory walk, `discover`), `archives` (tar and zip members, held inputs), `streams`
 (decompression under caps), `sniff` (format from the first bytes), `inputs` (`InputFile`, text
 reading).
@@ -18,6 +19,7 @@ reading).
 
 from analyzer.io.inputs import SNIFF_BYTES, STDIN, DiscoveryError, InputFile, iter_text_chunks
 from analyzer.io.streams import DecompressionLimit
-from analyzer.io.walk import discover
+from analyzer.io.walk import Discovery, Listing, discover, discover_job, list_path
 
-__all__ = ["SNIFF_BYTES", "STDIN", "DecompressionLimit", "DiscoveryError", "InputFile", "discover", "iter_text_chunks"]
+__all__ = ["SNIFF_BYTES", "STDIN", "DecompressionLimit", "DiscoveryError", "Discovery", "InputFile", "Listing", "discover",
+           "discover_job", "iter_text_chunks", "list_path"]

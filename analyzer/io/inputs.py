@@ -49,7 +49,6 @@ class InputFile:
     size: int = 0
     rank_hint: int | None = None
     local_rank_hint: int | None = None
-    attempt: int | None = None
     lines: int = 0
     unparsed_lines: int = 0
     ranks: list[int] = field(default_factory=list)

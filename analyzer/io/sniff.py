@@ -29,7 +29,7 @@ _SAFETENSORS_HEADER = re.compile(rb"^[\s\S]{4}\x00{4}\{\"", re.DOTALL)
 # a torch.distributed.checkpoint `.metadata` names its module within the first bytes.
 _TORCH_PICKLE_CHECKPOINT = re.compile(rb"^\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19|^\x80[\x02-\x05][\s\S]{0,96}torch\.distributed\.checkpoint")
 
-_TORCHRUN_RANK_DIR = re.compile(r"attempt_(\d+)/(\d+)/(?:stdout|stderr)\.log(?:\.gz)?$")
+_TORCHRUN_RANK_DIR = re.compile(r"attempt_\d+/(\d+)/(?:stdout|stderr)\.log(?:\.gz)?$")
 _PYSPY_TEXT = re.compile(rb"\s*Process \d+: .*\n(?:Python v|Thread )")
 # Source code and markup beside the logs (a training script, a documentation folder) hold words
 # such as "Error" and "failed" that are code, not events. A text whose first lines are mostly
@@ -205,8 +205,8 @@ def apply_layout_hints(item: InputFile) -> None:
     member_path = item.path.split("!")[-1]
     match = _TORCHRUN_RANK_DIR.search(member_path)
     if match:
-        # `attempt_<30 digits>/` or a huge rank directory is no hint (bounds.rank_number: None).
-        item.attempt, item.local_rank_hint = rank_number(match.group(1)), rank_number(match.group(2))
+        # A huge rank directory is no hint (bounds.rank_number: None).
+        item.local_rank_hint = rank_number(match.group(1))
         return
     name_match = _RANK_IN_NAME.search(Path(member_path).name)
     if name_match:
