@@ -32,8 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-STAGES = {"discover": "discover", "parse": "parse_inputs", "correlate": "correlate", "detect": "detect", "decide": "decide",
-          "report": "build_report"}
+# stage -> the names `analyzer.api` may call it by (the first one it has is timed)
+STAGES = {"discover": ("discover_job", "discover"), "parse": ("parse_inputs",), "correlate": ("correlate",),
+          "detect": ("detect",), "decide": ("decide",), "report": ("build_report",)}
 
 
 def main() -> None:
@@ -134,7 +135,8 @@ def _child(directory: Path, pool_min: int | None) -> None:
                 stages[stage] = stages.get(stage, 0.0) + time.perf_counter() - started
         return run
 
-    for stage, name in STAGES.items():
+    for stage, names in STAGES.items():
+        name = next(n for n in names if hasattr(api, n))
         setattr(api, name, timed(stage, getattr(api, name)))
     started = time.perf_counter()
     analysis = api.analyze(directory)

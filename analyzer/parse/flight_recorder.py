@@ -287,9 +287,21 @@ def rows_frame(dumps: list[DumpRows]) -> pl.DataFrame:
                     values.extend(columns.get(name) or [None] * n)
         if name == "ts":
             series.append(pl.Series(name, values, dtype=pl.Int64).cast(UTC_TS))  # epoch microseconds
+        elif dtype == pl.String:
+            series.append(_shared_strings(name, values))
         else:
             series.append(pl.Series(name, values, dtype=dtype))
     return pl.DataFrame(series)
+
+
+def _shared_strings(name: str, values: list[str | None]) -> pl.Series:
+    """A string column whose rows share the bytes of equal values. A dump repeats a handful of
+    texts (the same stack, op, state and file on every entry): gathered from the distinct values,
+    every row is a 16-byte view into one copy of each, so 16k dumps x 65 events stay compact through
+    the pool's transfer, the concatenation and every later filter."""
+    codes: dict[str | None, int] = {}
+    index = [codes.setdefault(v, len(codes)) for v in values]
+    return pl.Series(name, list(codes), dtype=pl.String).gather(pl.Series(index, dtype=pl.UInt32))
 
 
 # --- entries ------------------------------------------------------------------------------------
