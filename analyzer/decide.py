@@ -10,6 +10,10 @@ Cause over symptom from the same log: a rule with `cause_of = [ids]` (the interf
 best of those findings present in the ranking, just above it, whatever its own severity or
 priority, and the findings it explains name it in `caused_by`. (With `reported_alone = false`,
 detect keeps it only beside one of them.)
+
+Culprits from a comparison over a line's writer: a pattern finding naming the writers of its lines
+gives its place to a cross-rank analysis of the same category that read all of those lines and names
+a culprit (the fingerprint mismatch's odd rank, not the rank that reported it).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def decide(findings: pl.DataFrame, rules: dict[str, Rule]) -> Decision:
     if findings.height == 0:
         return Decision(findings, None)
     explained_by = _explained_by(findings, rules)
+    compared = _compared_by(findings, rules)
     meta = pl.DataFrame(
         {
             "rule_id": list(rules),
@@ -54,7 +59,7 @@ def decide(findings: pl.DataFrame, rules: dict[str, Rule]) -> Decision:
         )
     )
     ranked = (
-        _promote_causes(ranked, explained_by)
+        _promote_causes(ranked, _merged(explained_by, compared))
         .sort(
             ["_sev", "_role", "_prio", "confidence", "_named", "first_event", "rule_id", "summary"],
             descending=[False, False, True, True, True, False, False, False],
@@ -106,6 +111,30 @@ def _promote_causes(ranked: pl.DataFrame, explained_by: dict[str, set[str]]) -> 
         )
         .drop("_p_sev", "_p_role", "_p_priority")
     )
+
+
+def _merged(a: dict[str, set[str]], b: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {k: a.get(k, set()) | b.get(k, set()) for k in a.keys() | b.keys()}
+
+
+def _compared_by(findings: pl.DataFrame, rules: dict[str, Rule]) -> dict[str, set[str]]:
+    """Each pattern finding that names its lines' writers, mapped to the cross-rank analyses of its
+    category that read all of its lines and name culprits: the rank that wrote `Detected mismatch
+    between collectives` only noticed the mismatch, the analysis that compared the ranks'
+    fingerprints says which one left the common path. Such an analysis takes the pattern finding's
+    place in the ranking, just above it (one finding per rule: few rows)."""
+    rows = findings.select("rule_id", "ranks", "hosts", "evidence").to_dicts()
+    compared: dict[str, set[str]] = {}
+    for line in rows:
+        rule = rules.get(line["rule_id"])
+        if rule is None or rule.analysis is not None or rule.attribution != "ranks" or not line["evidence"]:
+            continue
+        for other in rows:
+            analysis = rules.get(other["rule_id"])
+            if (analysis is not None and analysis.analysis is not None and analysis.category == rule.category
+                    and (other["ranks"] or other["hosts"]) and set(line["evidence"]) <= set(other["evidence"])):
+                compared.setdefault(line["rule_id"], set()).add(other["rule_id"])
+    return compared
 
 
 def _explained_by(findings: pl.DataFrame, rules: dict[str, Rule]) -> dict[str, set[str]]:

@@ -22,8 +22,9 @@ _RANK_MENTION = r"\brank (\d+)\b"
 # c10d names the rank it waited for with a capital (`Rank 3 timed out in monitoredBarrier`).
 _ABSENT_MENTION = r"\b[Rr]anks? \d+\b"
 # A host the line itself names as the one that failed (`host=<h> was not reachable via ssh`, `ssh: Could
-# not resolve hostname <h>`, `connect to host <h> port 22`): the culprit when the line's writer is unknown.
-_HOST_MENTION = r"\b(?:host=|hostname |to host )([A-Za-z0-9][\w\-]*(?:\.[\w\-]+)*)"
+# not resolve hostname <h>`, `connect to host <h> port 22`, NCCL's `Connection closed by remote peer
+# <h><port>` in a raised error's `Last error:`): the culprit when the line's writer is unknown.
+_HOST_MENTION = r"\b(?:host=|hostname |to host |remote peer )([A-Za-z0-9][\w\-]*(?:\.[\w\-]+)*)"
 
 
 @dataclass
@@ -81,7 +82,7 @@ def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) 
                 named.filter(named.is_between(0, MAX_WORLD_SIZE))
             )
         ).alias("ranks_named"),
-        pl.col("message").fill_null("").str.extract(_HOST_MENTION, 1).alias("host_named"),
+        mention.str.extract(_HOST_MENTION, 1).alias("host_named"),
         *[rule.expression().alias(rule.id) for rule in rules],
     )
     rows = []
@@ -98,6 +99,8 @@ def _aggregate(rule: Rule, hits: pl.DataFrame, job: JobContext) -> dict:
     if rule.attribution == "ranks":
         ranks = hits.get_column("rank").drop_nulls().unique().to_list()
         hosts = hits.get_column("host").drop_nulls().unique().to_list()
+        if not ranks and not hosts:  # no line says who wrote it: the host a line names as the failing end
+            hosts = hits.get_column("host_named").drop_nulls().unique().to_list()
     elif rule.attribution == "hosts":
         hosts = hits.get_column("host").drop_nulls().unique().to_list() or hits.get_column("host_named").drop_nulls().unique().to_list()
     elif rule.attribution == "ranks_ref":

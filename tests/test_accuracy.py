@@ -11,9 +11,11 @@ from tests.accuracy import evaluate, evaluate_healthy, healthy_runs, round_figur
 # so the bars are 0.92 / 0.79 (below the figures, above the next case down). Culprit misses left: the
 # excerpts of 019, 024, 025, 031, 185, 379 and 384 do not contain the culprit's identity (the thread's
 # title or a reply names it), 389's two fingerprints do not say which rank diverged, 014 (identical
-# hostnames) is not detected yet.
+# hostnames) is not detected yet. Culprit work (helper-39, docs/heldout/culprit-misses.md): host context lines,
+# rank labels, mismatch camps over the reporting rank, a remote peer named by a writer-less error: 57/70 on
+# the corpus grown by rounds 13 and 14 (81%), so the culprit bar is 0.80.
 CATEGORY_BAR = 0.92
-CULPRIT_BAR = 0.79
+CULPRIT_BAR = 0.80
 
 
 def test_accuracy_on_real_incidents(capsys):

@@ -1,9 +1,11 @@
 """Stage 3, correlate: attribute every event to a rank and host, and derive the job's facts.
 
-Sources of truth, strongest first: PyTorch/launcher prefixes on the line, NCCL `comm ... rank R
-nranks N` lines joined to their `host:pid` prefix, per-rank file layout (torchrun's
-`attempt_N/<local_rank>/` and rank-numbered file names), a file whose events all name one
-rank, and c10d's `[Rank N]` where it is the default process group's. Job facts: world size,
+Sources of truth, strongest first: PyTorch/launcher prefixes on the line, a rank label opening
+the line's text (`Rank 3: ...`, facts.rank_labels), NCCL `comm ... rank R nranks N` lines joined to
+their `host:pid` prefix, per-rank file layout (torchrun's `attempt_N/<local_rank>/` and
+rank-numbered file names), a file whose events all name one rank, and c10d's `[Rank N]` where it is
+the default process group's. Hosts: the line's own, its rank's, the nearest prompt or `Host: X` line
+above it in its file (facts.host_context), its file's or directory's only host. Job facts: world size,
 ranks, hosts, rank -> host map, the time span; the derived ones say which line or event they come
 from, and sources that contradict each other are listed in `conflicts`, not settled silently.
 """
@@ -16,7 +18,9 @@ import polars as pl
 
 from analyzer.bounds import MAX_WORLD_SIZE, rank_number
 from analyzer.events import empty_events
+from analyzer.facts.host_context import LOOPBACK_NAMES, hosts_from_context
 from analyzer.facts.hostfacts import HostFacts, derive_host_facts
+from analyzer.facts.rank_labels import ranks_from_labels
 from analyzer.io import InputFile
 
 # Columns that count ranks: a value past MAX_WORLD_SIZE (a `rank 10^18` line, `nranks 100000000`)
@@ -70,6 +74,7 @@ class JobFacts:
 
 def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFrame, JobFacts]:
     events = _plausible_ranks(events)
+    events = ranks_from_labels(events)  # `Rank 3: ...` opening a line: the line's own word before its file's
     events = _apply_file_hints(events, inputs)
     events, size_conflicts = _uncorroborated_sizes(events)
     events = _ranks_from_pids(events)
@@ -77,6 +82,7 @@ def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFra
     events = _ranks_from_default_pg(events)
     events, rank_conflicts = _uncorroborated_rank(events)
     events = _hosts_from_ranks(events)
+    events = hosts_from_context(events)  # a prompt or `Host: X` line above names the host of what follows
     events = _hosts_from_files(events)
     # Joins do not keep row order; event ids must be stable for deterministic reports.
     events = events.sort(["file", "line", "kind"], nulls_last=True, maintain_order=True)
@@ -254,14 +260,11 @@ def _ranks_from_default_pg(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-# torchrun's failure table names the host by `socket.getfqdn()`, often `localhost` where NCCL's
-# `gethostname()` gives the machine's name: a loopback name is no second machine.
-_LOOPBACK_NAMES = ["localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "127.0.0.1", "::1"]
-
-
 def _hosts_from_ranks(events: pl.DataFrame) -> pl.DataFrame:
     """Events without a host (or with a loopback name) take the host their rank's other events name."""
-    is_loopback = pl.col("host").str.to_lowercase().is_in(_LOOPBACK_NAMES)
+    # torchrun's failure table names the host by `socket.getfqdn()`, often `localhost` where NCCL's
+    # `gethostname()` gives the machine's name: a loopback name is no second machine.
+    is_loopback = pl.col("host").str.to_lowercase().is_in(LOOPBACK_NAMES)
     rank_host = (
         events.filter(pl.col("rank").is_not_null() & pl.col("host").is_not_null() & ~is_loopback)
         .group_by("rank")

@@ -181,8 +181,8 @@ def rank_gpus(events: pl.DataFrame) -> pl.DataFrame:
 
 def culprit_gpus(events: pl.DataFrame, ranks: list[int], hosts: list[str], evidence: list[int]) -> list[dict]:
     """The culprits' GPUs: each culprit rank's own device(s); without culprit ranks, the devices the
-    verdict's evidence lines from a culprit host name (their ranks' GPUs, or a PCI bus id such as an
-    Xid line's). Nothing when no culprit is named."""
+    verdict's evidence lines from a culprit host name (their ranks' GPUs, or the GPU of a PCI bus id such
+    as an Xid line's). Nothing when no culprit is named."""
     if not (ranks or hosts) or events.height == 0:
         return []
     table = rank_gpus(events)
@@ -191,22 +191,33 @@ def culprit_gpus(events: pl.DataFrame, ranks: list[int], hosts: list[str], evide
     else:
         lines = events.filter(pl.col("event_id").is_in(evidence) & pl.col("host").is_in(hosts))
         chosen = table.join(lines.select("host", "rank").unique(), on=["host", "rank"], how="semi").select(_OUT)
-        chosen = pl.concat([chosen, _evidence_bus_ids(lines, table).select(_OUT)], how="vertical").unique(maintain_order=True)
+        chosen = pl.concat([chosen, _evidence_bus_ids(lines, table, _smi_gpus(events)).select(_OUT)], how="vertical").unique(maintain_order=True)
     return chosen.select(_OUT).to_dicts()
 
 
-def _evidence_bus_ids(lines: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
-    """A PCI bus id printed on an evidence line (`Xid (PCI:0000:1b:00): 79`) names a physical GPU."""
+def _evidence_bus_ids(lines: pl.DataFrame, table: pl.DataFrame, smi: pl.DataFrame) -> pl.DataFrame:
+    """A PCI bus id printed on an evidence line (`Xid (PCI:0000:1b:00): 79`) names a physical GPU: the
+    rank's GPU with that bus id on the host where NCCL or nccl-tests named one, else the index
+    nvidia-smi prints beside that bus id on the host, else the bus id itself."""
     found = lines.select(
         "host", _pci_bus(pl.col("message").str.extract(r"PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f])?)")).alias("bus_id"),
         _where("PCI bus id on the evidence line").alias("source"),
-    ).filter(pl.col("bus_id").is_not_null())
-    known = table.filter(pl.col("bus_id").is_not_null()).select("host", _bus_key(pl.col("bus_id")).alias("key"))
-    found = found.with_columns(_bus_key(pl.col("bus_id")).alias("key")).join(known, on=["host", "key"], how="anti")
-    return found.unique(["host", "key"], keep="first", maintain_order=True).select(
-        "host", pl.col("bus_id").alias("gpu"), "bus_id", pl.lit(None, pl.String).alias("uuid"),
-        pl.lit(None, pl.Int64).alias("logical_device"), pl.lit(None, pl.Int64).alias("rank"), "source",
+    ).filter(pl.col("bus_id").is_not_null()).with_columns(_bus_key(pl.col("bus_id")).alias("key"))
+    known = table.filter(pl.col("bus_id").is_not_null()).with_columns(_bus_key(pl.col("bus_id")).alias("key"))
+    of_ranks = known.join(found.select("host", "key").unique(), on=["host", "key"], how="semi").select(_OUT)
+    by_bus = smi.filter(pl.col("smi_bus").is_not_null()).select(
+        "host", _bus_key(pl.col("smi_bus")).alias("key"), "smi_index", "smi_uuid", "smi_source"
+    ).unique(["host", "key"], keep="first", maintain_order=True)
+    alone = (
+        found.join(known.select("host", "key"), on=["host", "key"], how="anti")
+        .unique(["host", "key"], keep="first", maintain_order=True)
+        .join(by_bus, on=["host", "key"], how="left")
     )
+    return pl.concat([of_ranks, alone.select(
+        "host", pl.coalesce("smi_index", "bus_id").alias("gpu"), "bus_id", pl.col("smi_uuid").alias("uuid"),
+        pl.lit(None, pl.Int64).alias("logical_device"), pl.lit(None, pl.Int64).alias("rank"),
+        pl.concat_str("source", "smi_source", separator="; ", ignore_nulls=True).alias("source"),
+    )], how="vertical")
 
 
 def gpu_label(gpu: dict) -> str:
