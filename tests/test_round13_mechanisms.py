@@ -67,3 +67,20 @@ def test_an_interface_list_pasted_one_entry_a_line_is_read_as_the_list(tmp_path)
 def test_interface_entries_without_their_list_head_are_no_finding(tmp_path):
     report = job(tmp_path, ["[0]ens3:10.20.0.4<0>", "[1]docker0:172.17.0.1<0>"])
     assert report["verdict"]["category"] == "none"
+
+
+def test_a_global_rank_announced_twice_with_ranks_missing_names_the_missing_ranks(tmp_path):
+    lines = [f"Initializing distributed: GLOBAL_RANK: {r}, MEMBER: {r + 1}/4" for r in (0, 1, 0, 1)]
+    report = job(tmp_path, lines + ["Traceback (most recent call last):", "KeyboardInterrupt"])
+    assert report["verdict"]["category"] == "rank_absent_from_collective"
+    assert report["verdict"]["culprit_ranks"] == [2, 3]
+
+
+def test_every_global_rank_announced_once_is_no_finding(tmp_path):
+    report = job(tmp_path, [f"initializing ddp: GLOBAL_RANK: {r}, MEMBER: {r + 1}/4" for r in (2, 0, 3, 1)])
+    assert report["verdict"]["category"] == "none"
+
+
+def test_one_node_of_a_larger_world_announcing_its_own_ranks_is_no_finding(tmp_path):
+    report = job(tmp_path, [f"initializing ddp: GLOBAL_RANK: {r}, MEMBER: {r + 1}/8" for r in (4, 5, 6, 7)])
+    assert report["verdict"]["category"] == "none"
