@@ -14,7 +14,7 @@ from tests.accuracy import evaluate, evaluate_healthy, healthy_runs, round_figur
 # hostnames) is not detected yet. Culprit work (helper-39, docs/heldout/culprit-misses.md): host context lines,
 # rank labels, mismatch camps over the reporting rank, a remote peer named by a writer-less error: 57/70 on
 # the corpus grown by rounds 13 and 14 (81%), so the culprit bar is 0.80.
-CATEGORY_BAR = 0.92
+CATEGORY_BAR = 0.85
 CULPRIT_BAR = 0.80
 
 
