@@ -8,28 +8,17 @@ from pathlib import Path
 import polars as pl
 
 from analyzer.api import analyze
-from analyzer.io import discover
-from analyzer.parse.logtext import parse_text_file
 from analyzer.parse.vocabulary import vocabulary
+from tests.test_vocabulary import categories_mid_file
 
 ROOT = Path(__file__).resolve().parent.parent / "vocabularies"
 ROWS = vocabulary().rows
 FILES = ("slurm.csv", "hip_runtime.csv", "open_mpi.csv", "ucx.csv", "libfabric.csv", "kubernetes.csv", "nvidia_container.csv",
          "dcgm.csv", "deepspeed.csv", "ray.csv", "torch_elastic.csv")
-NEUTRAL = "the training loop goes on with the next batch"
 
 
 def of(file: str) -> pl.DataFrame:
     return ROWS.filter(pl.col("file") == file)
-
-
-def categories_mid_file(tmp_path: Path, lines: list[str]) -> list[str | None]:
-    """Each line between two ordinary lines of one file; the vocabulary category each came out as."""
-    (tmp_path / "rank.log").write_text("".join(f"{NEUTRAL}\n{line}\n" for line in lines) + f"{NEUTRAL}\n")
-    (item,) = discover(tmp_path)
-    events = parse_text_file(item, 2026)
-    got = dict(events.filter(pl.col("kind").str.starts_with("vocab.")).select("line", pl.col("kind").str.strip_prefix("vocab.")).rows())
-    return [got.get(2 * i + 2) for i in range(len(lines))]
 
 
 def test_every_vocabulary_file_has_its_readme_entry():
