@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.cli import main
+from tests.test_recorded_hangs import with_known_gap
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schema" / "report.schema.json").read_text())
@@ -27,9 +28,10 @@ def test_text_verdict_with_evidence():
     assert "stderr.log:3" in result.output
 
 
-@pytest.mark.parametrize("job", sorted((ROOT / "fixtures").glob("*/*/job")), ids=lambda p: p.parent.name)
-def test_json_validates_against_schema(job):
-    result = run("analyze", job, "--format", "json")
+@pytest.mark.parametrize("case", [with_known_gap(job.parent, "refused_gap") for job in sorted((ROOT / "fixtures").glob("*/*/job"))],
+                         ids=lambda p: p.name)
+def test_json_validates_against_schema(case):
+    result = run("analyze", case / "job", "--format", "json")
     assert result.exit_code in (0, 1)
     report = json.loads(result.output)
     jsonschema.validate(report, SCHEMA)

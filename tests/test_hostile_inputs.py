@@ -462,7 +462,7 @@ def test_file_unreadable_after_discovery(tmp_path, monkeypatch):
     job = job_with(tmp_path)
     late = job / "late.log"
     late.write_text(WARN_LINE + "\n")
-    real_open, real_discover = builtins.open, api_module.discover
+    real_open, real_discover = builtins.open, api_module.discover_job
     discovered = []
 
     def discover_then_revoke(root):
@@ -475,7 +475,7 @@ def test_file_unreadable_after_discovery(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied", str(file))
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(api_module, "discover", discover_then_revoke)
+    monkeypatch.setattr(api_module, "discover_job", discover_then_revoke)
     monkeypatch.setattr(inputs_module, "open", open_until_discovered, raising=False)
     code, report = json_report(job)
     entry = inputs_of(report)["late.log"]

@@ -81,7 +81,7 @@ def classify(lines: pl.DataFrame) -> pl.DataFrame:
 
 
 # --- headers, fast path -------------------------------------------------------------------------------
-# Rust's regex is slow at capturing: most of all at a long trailing `.*` (PERF.md), and a group
+# Rust's regex is slow at capturing: most of all at a long trailing `.*` (measured for issue 19), and a group
 # extraction costs ten times a test. So capturing patterns run only on the rows that match them
 # (`subsets.py`), and NCCL's usual header (`host:pid:tid [dev] NCCL INFO msg`: no timestamp, source
 # file or function) is read by a short pattern. On such a line _NCCL's first branch captures just
