@@ -25,10 +25,11 @@ from analyzer.facts.checkpoint_audit import report_records
 from analyzer.facts.hostfacts import host_fact_records
 from analyzer.knownissues import notes_by_host
 from analyzer.decide import decide
-from analyzer.detect import detect, format_ranks
+from analyzer.detect import detect
 from analyzer.io import DiscoveryError, InputFile, discover_job
 from analyzer.facts.gpus import culprit_gpus
 from analyzer.parse import TEXT_FORMATS, parse_inputs
+from analyzer.ranks import format_ranks
 from analyzer.report import (SCHEMA_VERSION, Checkpoint, CulpritGpu, Evidence, Finding, HostFacts, InputRecord, Job,
                              Report, TimeSpan, Verdict, document, from_record)
 from analyzer.rules import Rule, rules_by_id

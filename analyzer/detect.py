@@ -15,9 +15,11 @@ import polars as pl
 from analyzer.analyses import JobContext, load_all
 from analyzer.bounds import MAX_WORLD_SIZE
 from analyzer.findings import concat_findings, finding, findings_frame
+from analyzer.ranks import format_ranks
 from analyzer.rules import Rule, catalogue
 
 MAX_EVIDENCE_PER_FINDING = 50
+_ORDER = "_frame_order"
 _RANK_MENTION = r"\brank (\d+)\b"
 # c10d names the rank it waited for with a capital (`Rank 3 timed out in monitoredBarrier`).
 _ABSENT_MENTION = r"\b[Rr]anks? \d+\b"
@@ -67,12 +69,50 @@ def _without_needless_fallbacks(findings: pl.DataFrame, rules: tuple[Rule, ...])
 
 
 def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) -> pl.DataFrame:
+    """Each rule is evaluated over the events of the kinds it declares only (a rule without kinds over
+    the whole frame): the frame is partitioned by kind once, and the rules sharing one set of kinds are
+    evaluated together in one `select` over that set's events."""
     if not rules or events.height == 0:
         return findings_frame([])
+    # The frame position: a rule's hits, gathered from several kinds' partitions, keep the frame's order,
+    # so its first line and its first evidence are the same as over the whole frame.
+    ordered = events.with_row_index(_ORDER)
+    by_kind = {key[0]: part for key, part in ordered.partition_by("kind", as_dict=True, maintain_order=True).items()}
+    found: dict[str, dict] = {}
+    for kinds, scoped in _rules_by_scope(rules).items():
+        scope = ordered if kinds is None else _events_of_kinds(by_kind, kinds)
+        if scope is None:  # no event of these kinds: none of these rules can fire
+            continue
+        flags = scope.select(*[rule.expression().alias(rule.id) for rule in scoped])
+        for rule in scoped:
+            hits = scope.filter(flags.get_column(rule.id))
+            if hits.height:
+                found[rule.id] = _aggregate(rule, _with_mentions(hits), job)
+    return findings_frame(found[rule.id] for rule in rules if rule.id in found)
+
+
+def _rules_by_scope(rules: list[Rule]) -> dict[tuple[str, ...] | None, list[Rule]]:
+    """The rules grouped by the set of kinds they declare (None: no kinds, the whole frame)."""
+    scopes: dict[tuple[str, ...] | None, list[Rule]] = {}
+    for rule in rules:
+        kinds = tuple(sorted(set(rule.match["kinds"]))) if "kinds" in rule.match else None
+        scopes.setdefault(kinds, []).append(rule)
+    return scopes
+
+
+def _events_of_kinds(by_kind: dict[str | None, pl.DataFrame], kinds: tuple[str, ...]) -> pl.DataFrame | None:
+    parts = [by_kind[kind] for kind in kinds if kind in by_kind]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else pl.concat(parts).sort(_ORDER)
+
+
+def _with_mentions(hits: pl.DataFrame) -> pl.DataFrame:
+    """The ranks and the host a hit line names, read on the hits only (never on the whole frame)."""
     mention = pl.concat_str([pl.col("message").fill_null(""), pl.col("detail").fill_null("")], separator=" ")
     # A rank past int64 or past any real job (`rank 10^18`) is no rank: dropped, never a culprit.
     named = pl.element().str.extract(r"(\d+)").cast(pl.Int64, strict=False)
-    flags = events.select(
+    return hits.select(
         "event_id",
         "rank",
         "host",
@@ -83,14 +123,7 @@ def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) 
             )
         ).alias("ranks_named"),
         mention.str.extract(_HOST_MENTION, 1).alias("host_named"),
-        *[rule.expression().alias(rule.id) for rule in rules],
     )
-    rows = []
-    for rule in rules:
-        hits = flags.filter(pl.col(rule.id))
-        if hits.height:
-            rows.append(_aggregate(rule, hits, job))
-    return findings_frame(rows)
 
 
 def _aggregate(rule: Rule, hits: pl.DataFrame, job: JobContext) -> dict:
@@ -146,21 +179,3 @@ def _where(ranks: list[int], hosts: list[str]) -> str:
     if hosts:
         parts.append("host" + ("s " if len(hosts) > 1 else " ") + ", ".join(sorted(hosts)[:8]))
     return f" on {' / '.join(parts)}" if parts else ""
-
-
-def format_ranks(ranks: list[int]) -> str:
-    """`[0, 2, 3, 4, 7]` -> `0,2-4,7`."""
-    ranks = sorted(set(ranks))
-    spans: list[str] = []
-    start = prev = None
-    for r in ranks:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = r
-    if start is not None:
-        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ",".join(spans)

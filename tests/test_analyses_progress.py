@@ -12,9 +12,7 @@ from analyzer.analyses import JobContext, load_all
 from analyzer.analyses.progress import (
     collective_observations,
     collective_progress,
-    compress_ranks,
     progress_matrix,
-    ranks_label,
 )
 from analyzer.io import discover
 from analyzer.events import concat_events, events_from_records
@@ -373,12 +371,6 @@ def test_public_tables():
     observations = collective_observations(events)
     assert set(observations.get_column("family").unique().to_list()) == {"ALLREDUCE"}
     assert observations.get_column("dtype").unique().to_list() == ["Float"]
-
-
-def test_rank_ranges():
-    assert compress_ranks([0, 2, 3, 4, 5, 63]) == "0,2-5,63"
-    assert ranks_label([1]) == "rank 1"
-    assert ranks_label(range(64)) == "ranks 0-63"
 
 
 def test_4096_ranks_with_missing_dump_and_cut_ring_buffers():

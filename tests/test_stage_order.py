@@ -23,6 +23,7 @@ STAGE_OF = {
     "analyzer.severities": "common",
     "analyzer.resources": "common",
     "analyzer.findings": "common",
+    "analyzer.ranks": "common",  # how a set of ranks is written, for analyses, the report and renderers
     "analyzer.io": "io",
     "analyzer.parse": "parse",
     "analyzer.facts": "facts",

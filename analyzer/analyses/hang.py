@@ -26,6 +26,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
+from analyzer.ranks import format_ranks, ranks_label
 
 _CRASH_KINDS = ["traceback.exception", "nccl.error_raised", "cuda.error"]
 _BUSY_KINDS = ["progress", "log.last", "train.end"]
@@ -54,7 +55,7 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     busy = busy_rank(events, waiting)
     evidence = timeouts.get_column("event_id").head(10).to_list()
     op = f"{stuck['op'] or 'a collective'}" + (f" #{stuck['seq']}" if stuck["seq"] is not None else "")
-    who = _label(waiting) if waiting else "the ranks"
+    who = ranks_label(waiting) if waiting else "the ranks"
     if busy is not None and maybe_barrier:
         rank, event_id, text = busy
         return findings_frame([finding(
@@ -79,7 +80,7 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         named = [suspect.rank] if suspect else silent
         summary = f"{who} waited in a 1-element {op} (a barrier) that another rank never entered"
         if silent:
-            summary += f"; no timeout line from {_label(silent)}"
+            summary += f"; no timeout line from {ranks_label(silent)}"
         summary += range_note(world, inferred)
         if suspect:
             summary += f"; {suspect.note}"
@@ -142,7 +143,7 @@ def horovod_stall(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         ranks=ranks,
         hosts=[job.rank_hosts[r] for r in ranks if r in job.rank_hosts],
         confidence=0.6 if inferred else 0.8,
-        summary=f"Horovod's stall check: {_label(ranks)} never submitted {lines.height} stalled op(s) the other ranks wait in{note}",
+        summary=f"Horovod's stall check: {ranks_label(ranks)} never submitted {lines.height} stalled op(s) the other ranks wait in{note}",
         evidence=lines.get_column("event_id").head(10).to_list(),
     )])
 
@@ -174,7 +175,7 @@ def _unplaced_absent(
         ranks=silent,
         hosts=[job.rank_hosts[r] for r in silent if r in job.rank_hosts],
         confidence=confidence,
-        summary=f"{_label(waiting)} timed out in {stuck['op']} (no SeqNum); no timeout line from {_label(silent)}"
+        summary=f"{ranks_label(waiting)} timed out in {stuck['op']} (no SeqNum); no timeout line from {ranks_label(silent)}"
         + range_note(world, inferred) + " (suspect by absence)",
         evidence=timeouts.get_column("event_id").head(10).to_list(),
     )
@@ -219,7 +220,7 @@ def range_note(world: list[int], inferred: bool) -> str:
         return ""
     if len(world) == 1:
         return " (rank 0 is the only rank seen; no line states the job's size)"
-    return f" (of ranks {_ranks(world)}, a range inferred from the highest rank seen: the job may have more)"
+    return f" (of ranks {format_ranks(world)}, a range inferred from the highest rank seen: the job may have more)"
 
 
 def silent_suspect(
@@ -245,10 +246,10 @@ def silent_suspect(
         return Suspect(
             0,
             False,
-            f"rank 0 named first by a heuristic, not by evidence: {_label(waiting)} "
+            f"rank 0 named first by a heuristic, not by evidence: {ranks_label(waiting)} "
             f"{'waits' if len(waiting) == 1 else 'wait'} in a barrier-like collective, "
             "and work that only the main process does (evaluation, checkpointing, data preparation) is the usual reason "
-            f"for a missed barrier; {_label([r for r in silent if r != 0])} left no line either",
+            f"for a missed barrier; {ranks_label([r for r in silent if r != 0])} left no line either",
             [],
         )
     return None
@@ -282,7 +283,7 @@ def _crashed_peers(
         ranks=ranks,
         hosts=culprits.get_column("host").drop_nulls().unique().to_list(),
         confidence=confidence,
-        summary=f"{_label(ranks)} raised ({first['message'][:160]}) while {_label(waiting) if waiting else 'the other ranks'} "
+        summary=f"{ranks_label(ranks)} raised ({first['message'][:160]}) while {ranks_label(waiting) if waiting else 'the other ranks'} "
         + (waited.replace("were ", "was ", 1) if len(waiting) == 1 else waited),
         evidence=culprits.get_column("event_id").head(10).to_list(),
     )
@@ -315,15 +316,3 @@ def busy_rank(events: pl.DataFrame, waiting: set[int]) -> tuple[int, int, str] |
         return None
     last = activity.sort("event_id").row(-1, named=True)
     return int(last["busy_rank"]), int(last["event_id"]), last["busy_text"] or last["message"] or ""
-
-
-def _ranks(ranks) -> str:
-    from analyzer.detect import format_ranks
-
-    return format_ranks(list(ranks))
-
-
-def _label(ranks) -> str:
-    """`rank 5`, `ranks 1-3`."""
-    ordered = sorted(set(ranks))
-    return ("rank " if len(ordered) == 1 else "ranks ") + _ranks(ordered)

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 import polars as pl
 
 from analyzer.analyses import JobContext
-from analyzer.analyses.labels import ranks_label
 from analyzer.findings import finding
+from analyzer.ranks import ranks_label
 
 MISMATCH_RULE = "hang-collective-mismatch"
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import polars as pl
 
 from analyzer.analyses import JobContext, register
-from analyzer.analyses.labels import compress_ranks, ranks_label
 from analyzer.analyses.mismatch import MAX_EVIDENCE, fingerprint_findings, mismatch_findings, with_dtype_and_family
 from analyzer.findings import finding, findings_frame
+from analyzer.ranks import format_ranks, ranks_label
 
 ABSENT_RULE = "hang-rank-absent-from-collective"
 
@@ -319,7 +319,7 @@ def _absent_finding(stall: dict, earlier: list[dict], later: list[dict], alive: 
     if silent and world:
         # The job's size was never stated: its ranks are taken as 0..the highest seen, and said to be.
         inferred = "a range inferred from the highest rank seen: the job may have more"
-        span = compress_ranks(world)
+        span = format_ranks(world)
         if len(silent) == 1:
             parts.append(f"rank {silent[0]} is the only one of ranks {span} with no progress evidence ({inferred}; suspect by absence)")
         else:

@@ -29,8 +29,8 @@ from __future__ import annotations
 import polars as pl
 
 from analyzer.analyses import JobContext, register
-from analyzer.detect import format_ranks
 from analyzer.findings import finding, findings_frame
+from analyzer.ranks import format_ranks
 
 # A straggler must cost the others at least this much per step (absolute and relative to the step):
 # below it, launch jitter and the rank that prints the log line look like "stragglers".
@@ -444,11 +444,35 @@ def _bytes(pattern: str) -> pl.Expr:
     return amount * unit
 
 
+_OOM_KINDS = ["traceback.exception", "cuda.error", "log.error", "nccl.warn"]
+_OOM_DETAIL_LINES = 4  # how far below its OOM line a size line (`memory.oom_detail`) still belongs to it
+
+
+def _with_size_lines(events: pl.DataFrame) -> pl.DataFrame:
+    """The OOM lines, each message extended with the size lines printed just below it by the same
+    writer (`GPU has T total, F free.` / `PyTorch allocated: A` / `Reserved but unallocated: R`)."""
+    ooms = events.filter(pl.col("kind").is_in(_OOM_KINDS) & pl.col("message").str.contains("Tried to allocate"))
+    sizes = events.filter(pl.col("kind") == "memory.oom_detail").select("file", "rank", pl.col("line").alias("_at"), pl.col("message").alias("_size"))
+    if ooms.height == 0 or sizes.height == 0:
+        return ooms
+    below = (
+        ooms.select("event_id", "file", "rank", "line")
+        .join(sizes, on=["file", "rank"], how="inner", nulls_equal=True)
+        .filter((pl.col("_at") > pl.col("line")) & (pl.col("_at") <= pl.col("line") + _OOM_DETAIL_LINES))
+        .sort("event_id", "_at")
+        .group_by("event_id", maintain_order=True)
+        .agg(pl.col("_size").str.strip_chars().str.join(" ").alias("_sizes"))
+    )
+    joined = ooms.join(below, on="event_id", how="left", maintain_order="left")
+    return joined.with_columns(
+        pl.when(pl.col("_sizes").is_not_null()).then(pl.col("message") + " " + pl.col("_sizes")).otherwise(pl.col("message")).alias("message")
+    ).drop("_sizes")
+
+
 @register("oom_reserved_unallocated")
 def oom_reserved_unallocated(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
-    lines = events.filter(
-        pl.col("kind").is_in(["traceback.exception", "cuda.error", "log.error", "nccl.warn"])
-        & pl.col("message").str.contains("reserved by PyTorch but unallocated|reserved in total by PyTorch")
+    lines = _with_size_lines(events).filter(
+        pl.col("message").str.contains("reserved by PyTorch but unallocated|reserved in total by PyTorch|Reserved but unallocated:")
     )
     if lines.height == 0:
         return findings_frame([])
@@ -461,8 +485,9 @@ def oom_reserved_unallocated(events: pl.DataFrame, job: JobContext) -> pl.DataFr
     )
     measured = lines.with_columns(
         request.alias("request"),
-        pl.coalesce(_bytes(rf"{_AMOUNT} is reserved by PyTorch but unallocated"), old_wording).alias("unallocated"),
-        pl.coalesce(_bytes(rf"{_AMOUNT} is allocated by PyTorch"), allocated).alias("allocated"),
+        pl.coalesce(_bytes(rf"{_AMOUNT} is reserved by PyTorch but unallocated"), _bytes(rf"Reserved but unallocated: {_AMOUNT}"),
+                    old_wording).alias("unallocated"),
+        pl.coalesce(_bytes(rf"{_AMOUNT} is allocated by PyTorch"), _bytes(rf"PyTorch allocated: {_AMOUNT}"), allocated).alias("allocated"),
     ).filter(
         pl.col("request").is_not_null()
         & (pl.col("unallocated") >= pl.col("request"))

@@ -27,7 +27,7 @@ import os
 import polars as pl
 from markupsafe import Markup
 
-from analyzer.detect import format_ranks
+from analyzer.ranks import format_ranks
 from analyzer.render import page
 from analyzer.render.tables import VARIES, HostTable, Row, cell_note, checkpoint_parts, host_table, human_size, per_rank_text
 from analyzer.render.timeline import FOLD_THRESHOLD, MAX_LANES, Timeline, build_timeline, step_times

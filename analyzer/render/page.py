@@ -20,7 +20,7 @@ from jinja2 import BaseLoader, ChoiceLoader, Environment, PackageLoader, StrictU
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from analyzer.detect import format_ranks
+from analyzer.ranks import format_ranks
 
 
 @cache

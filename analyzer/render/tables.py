@@ -27,8 +27,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from analyzer.detect import format_ranks
 from analyzer.facts.hostfacts import ENV_PREFIX, FACTS
+from analyzer.ranks import format_ranks
 
 FOLD_MIN = 4  # identical hosts folded into one row from this many on
 MAX_ROWS = 200  # rows of the table; the hosts beyond are named in one compact list

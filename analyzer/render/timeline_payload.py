@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analyzer.detect import format_ranks
+from analyzer.ranks import format_ranks
 from analyzer.render import page
 from analyzer.render.timeline import Timeline
 from analyzer.render.timeline_marks import CLASSES, PANELS
