@@ -12,12 +12,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "analyzer"
 _CITED = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.md)\b")
 
-# Citations on main in modules that are another change's to edit, each (module, document). The test
-# below fails once one is gone, so the list cannot go stale.
-KNOWN_MISSING: set[tuple[str, str]] = {
-    ("analyzer/parse/flight_recorder.py", "FORMATS.md"),
-    ("analyzer/parse/fr_partial.py", "FORMATS.md"),
-}
 
 
 def citations(text: str) -> set[str]:
@@ -49,8 +43,4 @@ def test_the_citation_reader_finds_document_names():
 
 
 def test_every_cited_document_is_in_the_repository():
-    assert missing_citations() - KNOWN_MISSING == set()
-
-
-def test_every_known_missing_citation_is_still_there():
-    assert KNOWN_MISSING - missing_citations() == set()
+    assert missing_citations() == set()

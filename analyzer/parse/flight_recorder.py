@@ -2,10 +2,14 @@
 
 A dump is one rank's ring buffer of recent collectives plus its process-group configuration and
 status. It comes as a pickle (read only through `analyzer.io.safepickle`, never `pickle.load`) or as
-the JSON variant, in every layout PyTorch has written since 2.2 (FORMATS.md section 5): a bare
-list with `seq_id`/`time_created_us`, the 1.x dicts, the 2.x dicts with
-`collective_seq_id`/`p2p_seq_id`, `nccl_version` or `comm_lib_version`, `pg_status` values as
-strings in JSON, `pg_config.ranks` as a JSON string, `process_group` as tuple or list.
+the JSON variant, in every layout PyTorch has written since 2.2: a bare list with
+`seq_id`/`time_created_us`, the 1.x dicts, the 2.x dicts with `collective_seq_id`/`p2p_seq_id`,
+`nccl_version` or `comm_lib_version`, `pg_status` values as strings in JSON, `pg_config.ranks` as a
+JSON string, `process_group` as tuple or list. The keys and the format `version` are the writer's
+constants (`DEFINE_CONSTANT(version_val, ...)` in PyTorch's `torch/csrc/distributed/c10d/TraceUtils.h`,
+in later releases `FlightRecorder.hpp`; "2.10" in PyTorch 2.10 and 2.11). The repository holds
+recorded 2.10 dumps (`fixtures/recorded/hang_uneven_data/job/fr/`) and `tests/frgen.py`, which
+writes the older versions' layouts from one of them.
 
 Events: one `fr.entry` per ring-buffer entry and one `fr.pg_status` per process group. Dumps of
 16k ranks x 2k entries are normal at scale, so columns are built with one list comprehension

@@ -36,7 +36,8 @@ from analyzer.io.safepickle import load_bounded, restricted_unpickler
 PREFIX_ENTRIES = 32  # first entries decoded for the memo: a few training steps' worth
 MIN_BYTES = 64 << 10  # smaller dumps hold a few hundred entries at most: the full load is cheap
 MAX_BYTES = 64 << 20  # read whole into memory (real dumps are a few MB; larger ones stream in full)
-# The FR layouts whose entries carry `record_id` and a (name, desc) `process_group` (FORMATS.md 5.5).
+# The FR layouts whose entries carry `record_id` and a (name, desc) `process_group`: PyTorch's `version_val`
+# from 2.2 (PyTorch 2.4) to 2.10 (2.10/2.11); flight_recorder.py says where the versions are defined.
 KNOWN_VERSIONS = frozenset({"2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10"})
 
 _PROTOCOL_2 = b"\x80\x02"
