@@ -19,7 +19,7 @@ from analyzer.ranks import format_ranks
 from analyzer.rules import Rule, catalogue
 
 MAX_EVIDENCE_PER_FINDING = 50
-_ORDER = "_frame_order"
+_ROW = "_row"
 _RANK_MENTION = r"\brank (\d+)\b"
 # c10d names the rank it waited for with a capital (`Rank 3 timed out in monitoredBarrier`).
 _ABSENT_MENTION = r"\b[Rr]anks? \d+\b"
@@ -70,17 +70,17 @@ def _without_needless_fallbacks(findings: pl.DataFrame, rules: tuple[Rule, ...])
 
 def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) -> pl.DataFrame:
     """Each rule is evaluated over the events of the kinds it declares only (a rule without kinds over
-    the whole frame): the frame is partitioned by kind once, and the rules sharing one set of kinds are
-    evaluated together in one `select` over that set's events."""
+    the whole frame): the frame's rows are grouped by kind once, and the rules sharing one set of kinds
+    are evaluated together in one `select` over that set's events (a large job's Flight Recorder
+    entries, of no rule's kind, are never read)."""
     if not rules or events.height == 0:
         return findings_frame([])
-    # The frame position: a rule's hits, gathered from several kinds' partitions, keep the frame's order,
-    # so its first line and its first evidence are the same as over the whole frame.
-    ordered = events.with_row_index(_ORDER)
-    by_kind = {key[0]: part for key, part in ordered.partition_by("kind", as_dict=True, maintain_order=True).items()}
+    # The row numbers of each kind (a narrow partition: the wide columns are gathered per scope only).
+    rows_of_kind = {key[0]: part.get_column(_ROW) for key, part in
+                    events.select("kind").with_row_index(_ROW).partition_by("kind", as_dict=True).items()}
     found: dict[str, dict] = {}
     for kinds, scoped in _rules_by_scope(rules).items():
-        scope = ordered if kinds is None else _events_of_kinds(by_kind, kinds)
+        scope = events if kinds is None else _events_of_kinds(events, rows_of_kind, kinds)
         if scope is None:  # no event of these kinds: none of these rules can fire
             continue
         flags = scope.select(*[rule.expression().alias(rule.id) for rule in scoped])
@@ -100,11 +100,14 @@ def _rules_by_scope(rules: list[Rule]) -> dict[tuple[str, ...] | None, list[Rule
     return scopes
 
 
-def _events_of_kinds(by_kind: dict[str | None, pl.DataFrame], kinds: tuple[str, ...]) -> pl.DataFrame | None:
-    parts = [by_kind[kind] for kind in kinds if kind in by_kind]
+def _events_of_kinds(events: pl.DataFrame, rows_of_kind: dict[str | None, pl.Series],
+                     kinds: tuple[str, ...]) -> pl.DataFrame | None:
+    """The events of these kinds in frame order (their row numbers sorted): a rule's first line and
+    first evidence are the same as over the whole frame."""
+    parts = [rows_of_kind[kind] for kind in kinds if kind in rows_of_kind]
     if not parts:
         return None
-    return parts[0] if len(parts) == 1 else pl.concat(parts).sort(_ORDER)
+    return events.select(pl.all().gather(pl.concat(parts).sort()))
 
 
 def _with_mentions(hits: pl.DataFrame) -> pl.DataFrame:
