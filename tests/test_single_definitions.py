@@ -5,7 +5,13 @@
 - the verdict categories are `schema/categories.toml` (`analyzer.categories`): no module spells out
   a list of them of its own;
 - every field of the records one stage hands the next (inputs, listing, job facts, job context) is
-  read by some module other than the one defining it: a field that is set and never read is dead.
+  read by some module other than the one defining it: a field that is set and never read is dead;
+- a public function or class is defined in one module (`format_ranks` lives in `analyzer.ranks`,
+  not in detect with analyses reaching for it): a second definition of a name is a twin, unless
+  `HOMONYMS` says why the two are different things;
+- no import inside a function dodges a circle: a lazy import of a module that, through module-level
+  imports and detect's analysis registry (`analysis.load_all` imports every module of
+  `analyzer.analyses`), reaches the importer back is a circle hidden from the import graph.
 """
 
 from __future__ import annotations
@@ -17,11 +23,25 @@ from pathlib import Path
 from analyzer.categories import CATEGORIES
 from analyzer.facts.correlate import JobContext, JobFacts
 from analyzer.io import Discovery, InputFile, Listing
+from tests.test_scan_import_graph import module_name
 
 PACKAGE = Path(__file__).resolve().parents[1] / "analyzer"
 EXIT_NAMES = {"EXIT_NOTHING_FOUND", "EXIT_FAILURE_FOUND", "EXIT_CANNOT_ANALYSE", "EXIT_INTERNAL_ERROR"}
 HANDED_ON = (InputFile, Listing, Discovery, JobFacts, JobContext)
 MIN_CATEGORY_LIST = 3  # a list this long of category ids is a second definition of them
+# Public names that two modules define for different things, each with why.
+HOMONYMS = {
+    "analyze": "api's entry point and cli's `postmortem analyze` command, a thin shell over it",
+    "main": "the entry points of cli, knownissues (its CSV check) and report_schema (the schema writer)",
+    "Job": "capture's live job on a node and the report's job record",
+    "HostFacts": "hostfacts' computed facts of a host and the report's record of them",
+    "findings_frame": "detect's findings frame and the fleet's table of findings over many jobs",
+    "rows_frame": "Flight Recorder event columns and the fleet's job rows",
+    "classify": "sniff's format of a file, parse's kind of a line and timeline_marks' class of an event",
+    "rank_from_name": "Flight Recorder's dump names and py-spy's, whose trailing digits may be a pid",
+}
+# A registry that imports the modules of a package when it is called: (registry, package).
+REGISTRIES = (("analyzer.analyses", "analyzer.analyses."),)
 
 
 def modules() -> dict[str, ast.Module]:
@@ -71,6 +91,63 @@ def unread_fields(trees: dict[str, ast.Module], records: tuple[type, ...]) -> li
     return dead
 
 
+def public_definitions(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
+    """Public top-level function or class name -> the modules defining it, for names defined twice or more."""
+    found: dict[str, list[str]] = {}
+    for where, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(where)
+    return {name: where for name, where in found.items() if len(where) > 1}
+
+
+def _imported(node: ast.AST, known: set[str]) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name in known}
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names} & known
+    return set()
+
+
+def import_edges(trees: dict[str, ast.Module]) -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
+    """Module-level imports (with the registries' loads) by module, and every (importer, imported,
+    line) import made inside a function."""
+    names = {module_name(PACKAGE.parent / where): where for where in trees}
+    known = set(names)
+    eager: dict[str, set[str]] = {m: set() for m in names}
+    lazy = []
+    for module, where in names.items():
+        tree = trees[where]
+        inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            for target in _imported(node, known) - {module}:
+                if id(node) in inside:
+                    lazy.append((module, target, node.lineno))
+                elif not module.startswith(target + "."):
+                    eager[module].add(target)
+    for registry, prefix in REGISTRIES:
+        eager.setdefault(registry, set()).update(m for m in names if m.startswith(prefix))
+    return eager, lazy
+
+
+def hidden_circles(trees: dict[str, ast.Module]) -> list[str]:
+    """'importer:line -> imported' for each function-local import whose target reaches the importer back."""
+    eager, lazy = import_edges(trees)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            module = todo.pop()
+            if module == goal:
+                return True
+            if module not in seen:
+                seen.add(module)
+                todo.extend(eager.get(module, ()))
+        return False
+
+    return sorted(f"{importer}:{line} -> {imported}" for importer, imported, line in lazy if reaches(imported, importer))
+
+
 def test_the_checks_find_what_they_look_for():
     trees = {"analyzer/x.py": ast.parse("EXIT_CANNOT_ANALYSE = 2\nclass CannotAnalyse(Exception): pass\n"
                                         "KINDS = ('shm_too_small', 'nccl_timeout', 'straggler')\nprint(item.seen)\n")}
@@ -84,6 +161,16 @@ def test_the_checks_find_what_they_look_for():
 
     assert unread_fields(trees, (Record,)) == ["Record.never"]
 
+    twice = {"analyzer/a.py": ast.parse("def format_ranks(r): pass\nclass _Private: pass\n"),
+             "analyzer/b.py": ast.parse("def format_ranks(r): pass\nclass _Private: pass\n")}
+    assert public_definitions(twice) == {"format_ranks": ["analyzer/a.py", "analyzer/b.py"]}
+    # detect imports the analyses registry; an analysis reaching for detect inside a function hides the circle.
+    dodged = {"analyzer/detect.py": ast.parse("from analyzer.analyses import load_all\ndef format_ranks(r): pass\n"),
+              "analyzer/analyses/__init__.py": ast.parse("def load_all(): pass\n"),
+              "analyzer/analyses/hang.py": ast.parse("def label(r):\n    from analyzer.detect import format_ranks\n"),
+              "analyzer/analyses/stacks.py": ast.parse("def later():\n    from analyzer.analyses.hang import label\n")}
+    assert hidden_circles(dodged) == ["analyzer.analyses.hang:2 -> analyzer.detect"]
+
 
 def test_the_exit_contract_is_defined_once_in_the_library():
     assert definitions(modules()) == {"analyzer/exits.py": EXIT_NAMES | {"CannotAnalyse"}}
@@ -95,3 +182,13 @@ def test_no_module_lists_the_verdict_categories_itself():
 
 def test_every_field_a_stage_hands_on_is_read():
     assert unread_fields(modules(), HANDED_ON) == []
+
+
+def test_a_public_name_is_defined_once():
+    twice = public_definitions(modules())
+    assert {name: where for name, where in twice.items() if name not in HOMONYMS} == {}
+    assert set(HOMONYMS) - set(twice) == set()  # a homonym gone leaves the list
+
+
+def test_no_function_local_import_hides_a_circle():
+    assert hidden_circles(modules()) == []
