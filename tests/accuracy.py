@@ -142,19 +142,24 @@ def summarise(results: list[CaseResult]) -> tuple[float, float, str]:
     return category_acc, culprit_acc, "\n".join(lines)
 
 
+def _round_of(toml_file: Path) -> int | None:
+    return tomllib.loads(toml_file.read_text(encoding="utf-8")).get("round") if toml_file.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m tests.accuracy", description=__doc__.splitlines()[0])
     parser.add_argument("--round", type=int, help="only the cases and healthy runs of this held-out round")
     args = parser.parse_args(argv)
-    results = [evaluate(c) for c in truth_cases()]
-    healthy = [evaluate_healthy(h) for h in healthy_runs()]
-    if args.round is not None:
-        results = [r for r in results if r.round == args.round]
-        healthy = [h for h in healthy if h.round == args.round]
-        if not results:
+    cases, runs = truth_cases(), healthy_runs()
+    if args.round is not None:  # chosen before analysing: a round's score then costs its own cases only
+        cases = [c for c in cases if _round_of(c / "truth.toml") == args.round]
+        runs = [h for h in runs if _round_of(h / "about.toml") == args.round]
+        if not cases:
             raise SystemExit(f"no case has round = {args.round} in its truth.toml")
+    results = [evaluate(c) for c in cases]
+    healthy = [evaluate_healthy(h) for h in runs]
     print(summarise(results)[2])
     for h in healthy:
         print(f"healthy {h.name:50} {h.category:34} {'FALSE ALARM' if h.false_alarm else 'ok'}"
