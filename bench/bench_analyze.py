@@ -4,6 +4,7 @@
     python bench/bench_analyze.py --sizes 512:256      # a quicker point while iterating
     python bench/bench_analyze.py --sizes 512:10240    # the 10 GB point (needs ~11 GB of disk per workload)
     python bench/bench_analyze.py --quick              # a tiny job of each workload (the tests smoke it)
+    python bench/bench_analyze.py --cpus 0,1           # analyze, rg and the ceiling pinned to CPUs 0 and 1
 
 Two workloads: `genjob` (bench/genjob.py: three communicators of NCCL INFO init, step lines, the
 watchdog cascade of a hang) and `nccl` (what NCCL_DEBUG=INFO really prints at scale: about 40% of
@@ -15,7 +16,10 @@ files in the same run, bench/ceiling.py (polars alone reads, prefilters and extr
 fields: the design limit), `rg -c` counting NCCL lines (1 thread) and `rg -P -o` extracting the
 fields the analyzer extracts (1 and 2 threads). The `x` columns are analyze wall / their wall
 (lower is better). Each figure is the best of --repeat runs by CPU time. Jobs are cached under
---work (default .bench/, git-ignored), so repeated runs read a warm page cache.
+--work (default .bench/, git-ignored), so repeated runs read a warm page cache. `--cpus` pins every
+measured child (analyze, the ceiling, rg) to those CPUs (`os.sched_setaffinity` in the child before
+it starts; polars and rg size their thread pools from it), so a larger idle machine emulates the
+2-core target; the `load` column is the 1-minute load average just before the job's runs.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ print(json.dumps({
 }))
 """
 
-COLUMNS = ("workload", "ranks", "MB", "lines", "wall s", "CPU s", "CPU s/GB", "MB/s", "Mlines/s", "peak RSS MB",
+COLUMNS = ("workload", "ranks", "load", "MB", "lines", "wall s", "CPU s", "CPU s/GB", "MB/s", "Mlines/s", "peak RSS MB",
            "verdict", "ceiling s", "ceiling CPU s/GB", "x ceiling", "rg -c s", "x rg -c", "rg -P j1 s", "x rg j1",
            "rg -P j2 s", "x rg j2")
 
@@ -67,12 +71,14 @@ class Run:
     stdout: str
 
 
-def measure(cmd: list[str], repeat: int) -> Run:
-    """Best of `repeat` runs of `cmd` by CPU time, each measured from its own rusage (wait4)."""
+def measure(cmd: list[str], repeat: int, cpus: frozenset[int] | None = None) -> Run:
+    """Best of `repeat` runs of `cmd` by CPU time, each measured from its own rusage (wait4), pinned
+    to `cpus` when given (set in the child between fork and exec: the parent keeps its own)."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     best: Run | None = None
     for _ in range(repeat):
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, preexec_fn=pin)
         out = proc.stdout.read().decode("utf-8", "replace") if proc.stdout else ""
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -100,14 +106,16 @@ def job_dir(work: Path, workload: str, ranks: int, mb: int) -> Path:
     return job
 
 
-def bench_job(workload: str, ranks: int, job: Path, repeat: int, rg: str | None) -> dict:
+def bench_job(workload: str, ranks: int, job: Path, repeat: int, rg: str | None, cpus: frozenset[int] | None) -> dict:
     size = sum(p.stat().st_size for p in job.rglob("*") if p.is_file())
-    analyze = measure([sys.executable, "-c", CHILD, str(job)], repeat)
+    load = os.getloadavg()
+    print("# load average %.2f %.2f %.2f" % load, flush=True)
+    analyze = measure([sys.executable, "-c", CHILD, str(job)], repeat, cpus)
     info = json.loads(analyze.stdout.strip().splitlines()[-1])
-    ceiling = measure([sys.executable, str(ROOT / "bench" / "ceiling.py"), str(job)], repeat)
+    ceiling = measure([sys.executable, str(ROOT / "bench" / "ceiling.py"), str(job)], repeat, cpus)
     gb, mb = size / 2**30, size / 2**20
     row = {
-        "workload": workload, "ranks": ranks, "MB": f"{mb:.0f}", "lines": f"{info['lines']:,d}",
+        "workload": workload, "ranks": ranks, "load": f"{load[0]:.1f}", "MB": f"{mb:.0f}", "lines": f"{info['lines']:,d}",
         "wall s": f"{analyze.wall:.2f}", "CPU s": f"{analyze.cpu:.2f}", "CPU s/GB": f"{analyze.cpu / gb:.1f}",
         "MB/s": f"{mb / analyze.wall:.0f}", "Mlines/s": f"{info['lines'] / analyze.wall / 1e6:.2f}",
         "peak RSS MB": f"{analyze.peak_rss_mb:.0f}", "verdict": f"{info['verdict']}{info['culprits']}",
@@ -120,9 +128,21 @@ def bench_job(workload: str, ranks: int, job: Path, repeat: int, rg: str | None)
             ("rg -P j1 s", "x rg j1", [rg, "-j1", "-P", "-o", RG_FIELDS, str(job)]),
             ("rg -P j2 s", "x rg j2", [rg, "-j2", "-P", "-o", RG_FIELDS, str(job)]),
         ):
-            wall = measure(cmd, repeat).wall
+            wall = measure(cmd, repeat, cpus).wall
             row[name], row[ratio] = f"{wall:.2f}", f"{analyze.wall / wall:.1f}"
     return row
+
+
+def cpu_list(text: str) -> frozenset[int]:
+    """`0,1` or `0-3`: CPUs this machine lets the benchmark use."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    unknown = cpus - os.sched_getaffinity(0)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"CPUs {sorted(unknown)} are not available here (have {sorted(os.sched_getaffinity(0))})")
+    return frozenset(cpus)
 
 
 def main() -> None:
@@ -133,6 +153,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="one tiny job of each workload, one run each")
     parser.add_argument("--markdown", action="store_true", help="also print the table as markdown (for the README)")
+    parser.add_argument("--cpus", type=cpu_list, help="pin analyze, rg and the ceiling to these CPUs, e.g. 0,1")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.repeat = "8:4", 1
@@ -141,15 +162,15 @@ def main() -> None:
         print("ripgrep (rg) not found: its columns are left out", file=sys.stderr)
     args.work.mkdir(parents=True, exist_ok=True)
     print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, nccl workload from "
-          f"{'../shared/perf/gen_logs.py' if SHARED_GEN_LOGS.exists() else 'bench/gen_nccl.py'}")
+          f"{'../shared/perf/gen_logs.py' if SHARED_GEN_LOGS.exists() else 'bench/gen_nccl.py'}"
+          + (f", measured on CPUs {','.join(map(str, sorted(args.cpus)))}" if args.cpus else ""))
     print(" | ".join(COLUMNS), flush=True)
     rows = []
     for workload in args.workloads.split(","):
         for spec in args.sizes.split(","):
             ranks, mb = (int(x) for x in spec.split(":"))
             job = job_dir(args.work, workload, ranks, mb)
-            print("# load average %.2f %.2f %.2f" % os.getloadavg(), flush=True)
-            row = bench_job(workload, ranks, job, args.repeat, rg)
+            row = bench_job(workload, ranks, job, args.repeat, rg, args.cpus)
             rows.append(row)
             print(" | ".join(str(row.get(c, "-")) for c in COLUMNS), flush=True)
     if args.markdown:

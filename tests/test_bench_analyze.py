@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import gen_nccl
-from bench.bench_analyze import COLUMNS, ROOT
+from bench.bench_analyze import COLUMNS, ROOT, cpu_list, measure
 
 
 def test_quick_run_prints_every_column_for_both_workloads(tmp_path):
@@ -37,3 +41,14 @@ def test_in_project_nccl_generator_writes_connection_lines(tmp_path):
     assert 0.25 < channel / len(lines) < 0.6  # what NCCL_DEBUG=INFO prints at scale: mostly connection lines
     assert any("Watchdog caught collective operation timeout" in line for line in lines)
     assert sum(p.stat().st_size for p in files) > 1.5 * 2**20
+
+
+
+def test_cpus_pins_each_measured_child_and_refuses_cpus_this_machine_lacks():
+    cpus = sorted(os.sched_getaffinity(0))
+    run = measure([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], 1, cpu_list(str(cpus[0])))
+    assert run.stdout.strip() == f"[{cpus[0]}]"
+    assert cpu_list(",".join(map(str, cpus))) == set(cpus)
+    assert cpu_list(f"{cpus[0]}-{cpus[0]}") == {cpus[0]}
+    with pytest.raises(argparse.ArgumentTypeError, match="not available"):
+        cpu_list(str(cpus[-1] + 1))
