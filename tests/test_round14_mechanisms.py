@@ -107,3 +107,91 @@ def test_a_running_fabric_manager_is_no_finding(tmp_path):
     report = job(tmp_path, ["nv-fabricmanager[2939]: Successfully configured all the available NVSwitches to route GPU NVLink traffic.",
                             "     Active: active (running) since Mon 2024-07-01 14:43:57 UTC; 5s ago"])
     assert report["verdict"]["category"] == "none"
+
+
+# --- the sizes of a CUDA OOM on lines of their own -----------------------------------------------------
+
+def oom(tmp_path: Path, allocated: str, unallocated: str) -> dict:
+    return job(tmp_path, ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.",
+                          "GPU has 39.39 GiB total, 1.02 GiB free.",
+                          f"PyTorch allocated: {allocated}",
+                          f"Reserved but unallocated: {unallocated}"])
+
+
+def findings_of(report: dict) -> set[str]:
+    return {f["rule_id"] for f in report["findings"]}
+
+
+def test_multi_line_oom_sizes_with_a_large_idle_reserve_are_fragmentation(tmp_path):
+    report = oom(tmp_path, "24.10 GiB", "12.80 GiB")
+    assert report["verdict"]["category"] == "fragmented_memory"
+    assert "12.80 GiB" in report["verdict"]["summary"]
+
+
+def test_multi_line_oom_sizes_with_a_small_idle_reserve_stay_an_oom(tmp_path):
+    report = oom(tmp_path, "36.20 GiB", "1.60 GiB")  # 4% of the reserve idle: the model's need explains it
+    assert report["verdict"]["category"] == "cuda_oom_on_some_ranks"
+    assert "memory-oom-reserved-unallocated" in findings_of(report)
+
+
+def test_size_lines_below_no_oom_line_are_no_finding(tmp_path):
+    report = job(tmp_path, ["GPU has 39.39 GiB total, 1.02 GiB free.", "PyTorch allocated: 24.10 GiB",
+                            "Reserved but unallocated: 12.80 GiB"])
+    assert report["verdict"]["category"] == "none"
+
+
+# --- gdb backtraces as stacks ----------------------------------------------------------------------
+
+GDB_STORE_WAIT = """(gdb) bt
+#0  __libc_recv (fd=41, buf=0x7f2a10001000, len=8, flags=0) at ../sysdeps/unix/sysv/linux/recv.c:28
+#1  0x00007f2b3c1a2e40 in void c10d::tcputil::recvBytes<unsigned long>(int, unsigned long*, unsigned long) () from /venv/lib/python3.10/site-packages/torch/lib/libtorch_cpu.so
+#2  0x00007f2b3c1a1b2d in c10d::TCPStore::doWait(c10::ArrayRef<std::string>, std::chrono::duration<long, std::ratio<1l, 1000l> >) ()
+   from /venv/lib/python3.10/site-packages/torch/lib/libtorch_cpu.so
+#3  0x00007f2b3c19f0aa in c10d::TCPStore::get(std::string const&) () from /venv/lib/python3.10/site-packages/torch/lib/libtorch_cpu.so
+#4  0x00007f2b4a0c1d52 in _PyEval_EvalFrameDefault () from /usr/lib/libpython3.10.so.1.0
+"""
+
+
+def test_a_gdb_backtrace_becomes_a_stack_of_named_frames(tmp_path):
+    from analyzer.io import discover
+    from analyzer.parse import parse_input
+
+    (tmp_path / "rank2-gdb.txt").write_text(GDB_STORE_WAIT)
+    (item,) = discover(tmp_path)
+    assert item.format == "gdb_backtrace"
+    (thread,) = parse_input(item).filter(kind="stack.thread").iter_rows(named=True)
+    assert thread["rank"] == 2
+    assert thread["detail"].split(" <- ")[:4] == [
+        "__libc_recv (../sysdeps/unix/sysv/linux/recv.c:28)", "c10d::tcputil::recvBytes<unsigned long> (libtorch_cpu.so)",
+        "c10d::TCPStore::doWait (libtorch_cpu.so)", "c10d::TCPStore::get (libtorch_cpu.so)"]
+
+
+def test_thread_apply_all_bt_gives_one_stack_per_thread(tmp_path):
+    from analyzer.io import discover
+    from analyzer.parse import parse_input
+
+    (tmp_path / "bt.txt").write_text(
+        'Thread 2 (Thread 0x7f00aa (LWP 4242) "pt_watchdog"):\n'
+        "#0  0x00007f2b in pthread_cond_timedwait@@GLIBC_2.3.2 () from /lib/x86_64-linux-gnu/libpthread.so.0\n"
+        'Thread 1 (Thread 0x7f00bb (LWP 4240) "python"):\n'
+        "#0  0x00007f2c in cudaStreamSynchronize () from /usr/local/cuda/lib64/libcudart.so.12\n"
+        "#1  0x00007f2d in at::native::_local_scalar_dense_cuda(at::Tensor const&) () from /venv/torch/lib/libtorch_cuda.so\n")
+    (item,) = discover(tmp_path)
+    threads = parse_input(item).filter(kind="stack.thread").sort("line")
+    assert threads.get_column("tid").to_list() == [4242, 4240]
+    assert threads.get_column("message").to_list()[1].startswith('thread "MainThread" (gdb): cudaStreamSynchronize (libcudart.so.12)')
+
+
+def test_a_rank_blocked_in_the_store_is_named(tmp_path):
+    (tmp_path / "rank2-gdb.txt").write_text(GDB_STORE_WAIT)
+    verdict = analyze(str(tmp_path)).report["verdict"]
+    assert verdict["category"] == "other"
+    assert verdict["rule_id"] == "stack-waits-on-rendezvous-store"
+    assert "c10d::TCPStore::get" in verdict["summary"] or "TCPStore::doWait" in verdict["summary"]
+
+
+def test_a_rank_in_its_training_step_is_no_store_wait(tmp_path):
+    (tmp_path / "rank2-gdb.txt").write_text(
+        "#0  0x00007f2c in cudaStreamSynchronize () from /usr/local/cuda/lib64/libcudart.so.12\n"
+        "#1  0x00007f2d in at::native::_local_scalar_dense_cuda(at::Tensor const&) () from /venv/torch/lib/libtorch_cuda.so\n")
+    assert analyze(str(tmp_path)).report["verdict"]["category"] == "none"

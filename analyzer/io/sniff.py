@@ -31,6 +31,8 @@ _TORCH_PICKLE_CHECKPOINT = re.compile(rb"^\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x
 
 _TORCHRUN_RANK_DIR = re.compile(r"attempt_\d+/(\d+)/(?:stdout|stderr)\.log(?:\.gz)?$")
 _PYSPY_TEXT = re.compile(rb"\s*Process \d+: .*\n(?:Python v|Thread )")
+# gdb's `bt` / `thread apply all bt`: the prompt, bracketed notices and thread headers, then frame #0.
+_GDB_BACKTRACE = re.compile(rb"(?:[ \t]*(?:\(gdb\)[^\n]*|\[[^\n]*\]|Thread \d+ \([^\n]*|)\r?\n)*[ \t]*#0 +\S")
 # Source code and markup beside the logs (a training script, a documentation folder) hold words
 # such as "Error" and "failed" that are code, not events. A text whose first lines are mostly
 # code-shaped and carry no log marker is skipped as source, so it can neither raise a finding nor
@@ -134,6 +136,8 @@ def format_of_head(head: bytes, json_kind: Callable[[], str]) -> tuple[str, str]
             return kind, ""
     if _PYSPY_TEXT.match(head):
         return "pyspy_text", ""
+    if _GDB_BACKTRACE.match(head):
+        return "gdb_backtrace", ""
     stack_format = _stack_listing(head)  # torch's collect_env report, a pip freeze / pip list
     if stack_format:
         return stack_format, ""

@@ -42,6 +42,12 @@ def _parse_pyspy_text(item: InputFile) -> pl.DataFrame:
     return parse_pyspy_text(item)
 
 
+def _parse_gdb_text(item: InputFile) -> pl.DataFrame:
+    from analyzer.parse.gdb import parse_gdb_text
+
+    return parse_gdb_text(item)
+
+
 def _parse_pyspy_json(item: InputFile) -> pl.DataFrame:
     from analyzer.parse.pyspy import parse_pyspy_json
 
@@ -117,6 +123,7 @@ PARSERS = {
     "flight_recorder_json": _parse_flight_recorder,
     "pyspy_text": _parse_pyspy_text,
     "pyspy_json": _parse_pyspy_json,
+    "gdb_backtrace": _parse_gdb_text,
     "capture_manifest": _parse_capture_manifest,
     "kineto_trace": _parse_kineto,
     "nsys_sqlite": _parse_nsys_sqlite,
