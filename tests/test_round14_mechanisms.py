@@ -195,3 +195,29 @@ def test_a_rank_in_its_training_step_is_no_store_wait(tmp_path):
         "#0  0x00007f2c in cudaStreamSynchronize () from /usr/local/cuda/lib64/libcudart.so.12\n"
         "#1  0x00007f2d in at::native::_local_scalar_dense_cuda(at::Tensor const&) () from /venv/torch/lib/libtorch_cuda.so\n")
     assert analyze(str(tmp_path)).report["verdict"]["category"] == "none"
+
+
+# --- communicators confined to one host each --------------------------------------------------------
+
+def comm_lines(host: str, pid: int, members: list[tuple[int, int]], event: str = "Init COMPLETE") -> list[str]:
+    return [f"{host}:{pid}:{pid} [{r}] NCCL INFO comm 0x55{host[-1]}{r}0 rank {r} nranks {n} cudaDev {r} busId {r}000 - {event}"
+            for r, n in members]
+
+
+def test_hosts_each_with_a_complete_world_of_their_own_are_named(tmp_path):
+    report = job(tmp_path, [*comm_lines("gpu-a", 100, [(0, 2), (1, 2)]), "# Avg bus bandwidth    : 1.75",
+                            *comm_lines("gpu-b", 200, [(0, 2), (1, 2)], "Destroy COMPLETE"), "# Avg bus bandwidth    : 1.68"])
+    assert report["verdict"]["rule_id"] == "nccl-communicators-confined-to-hosts"
+    assert report["verdict"]["category"] == "other"
+
+
+def test_a_world_spanning_the_hosts_beside_intra_host_groups_is_no_finding(tmp_path):
+    # tensor-parallel groups of 2 inside each host, and the 4-rank world across both hosts
+    report = job(tmp_path, [*comm_lines("gpu-a", 100, [(0, 2), (1, 2), (0, 4), (1, 4)]),
+                            *comm_lines("gpu-b", 200, [(0, 2), (1, 2), (2, 4), (3, 4)])])
+    assert report["verdict"]["category"] == "none"
+
+
+def test_a_single_host_job_is_no_finding(tmp_path):
+    report = job(tmp_path, comm_lines("gpu-a", 100, [(0, 2), (1, 2)]))
+    assert report["verdict"]["category"] == "none"
