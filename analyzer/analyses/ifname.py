@@ -67,8 +67,9 @@ def _job_wide_settings(events: pl.DataFrame) -> pl.DataFrame:
 
 
 # NCCL's interface list naming a container/virtual interface or loopback (`NET/Socket : Using
-# [0]ens5:172.31.0.137<0> [1]veth75fa783:fe80::...`, `Bootstrap : Using [0]docker0:172.17.0.1<0>`).
-_VIRTUAL_INTERFACE = (r"(?:Bootstrap|NET/Socket) ?: ?Using.*(?:^|[\]\s])"
+# [0]ens5:172.31.0.137<0> [1]veth75fa783:fe80::...`, `Bootstrap : Using [0]docker0:172.17.0.1<0>`;
+# NCCL 2.2-2.3 print one interface a line, `NET : Using interface lo:127.0.0.1<0>`).
+_VIRTUAL_INTERFACE = (r"(?:Bootstrap|NET/Socket|NET) ?: ?Using(?: interface)?.*(?:^|[\]\s])"
                       r"(?:veth\w*|docker\d*|virbr\d*|br-[0-9a-f]+|cni\d*|flannel[\w.]*|lo):")
 # The same list pasted one entry a line under its `NET/Socket : Using` head (kind nccl.interface).
 _VIRTUAL_ENTRY = r"^\s*\[\d+\](?:veth\w*|docker\d*|virbr\d*|br-[0-9a-f]+|cni\d*|flannel[\w.]*|lo):"
