@@ -51,6 +51,14 @@ def test_the_module_measure_counts_lines(tmp_path):
     assert module_lines(tmp_path / "analyzer") == {"analyzer/small.py": 10, "analyzer/sub/big.py": 11}
 
 
+def test_every_package_is_measured():
+    """Both bounds read every module below the package: the stages, fleet/, capture/ and render/ too."""
+    packages = {p.parent.relative_to(PACKAGE.parent).as_posix() for p in PACKAGE.rglob("__init__.py")}
+    measured = {Path(m).parent.as_posix() for m in module_lines(PACKAGE)}
+    assert {"analyzer/fleet", "analyzer/capture", "analyzer/render", "analyzer/io", "analyzer/parse"} <= packages
+    assert packages - measured == set()
+
+
 def test_no_module_over_600_lines():
     lines = module_lines(PACKAGE)
     over = {m: n for m, n in lines.items() if n > MAX_MODULE_LINES and m not in KNOWN_LONG_MODULES}
