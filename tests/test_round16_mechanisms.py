@@ -85,3 +85,28 @@ def test_a_unique_id_get_timeout_is_a_timeout(tmp_path):
 def test_a_unique_id_get_reset_is_not_a_timeout(tmp_path):
     verdict = job(tmp_path, _unique_id("Connection reset by peer"))["verdict"]
     assert verdict["rule_id"] != "nccl-unique-id-store-get-timeout"
+
+
+# --- CUDA IPC / SHM setup failing between processes of "one" host that claim the same GPU ----------------
+
+def _ipc_job(second_device: int) -> list[str]:
+    return [
+        "gpu:95772:95782 [0] INFO NET : Using interface em1:10.7.7.23<0>",
+        "gpu:95773:95785 [1] INFO NET : Using interface em1:10.7.7.23<0>",
+        f"gpu:27895:27932 [{second_device}] INFO Using internal Network Socket",
+        "gpu:95772:95782 [0] transport/p2p.cu:526 WARN failed to open CUDA IPC handle : 11 invalid argument",
+        "gpu:95772:95782 [0] INFO init.cu:475 -> 1",
+        f"gpu:27895:27932 [{second_device}] include/shm.h:46 WARN failed to register host buffer 0x7f685140d000 : invalid argument",
+    ]
+
+
+def test_ipc_failures_between_processes_on_one_gpu_are_two_machines_of_one_name(tmp_path):
+    verdict = job(tmp_path, _ipc_job(0))["verdict"]
+    assert verdict["rule_id"] == "drift-identical-hostnames"
+    assert verdict["culprit_hosts"] == ["gpu"]
+
+
+def test_ipc_failures_between_processes_on_distinct_gpus_stay_a_transport_failure(tmp_path):
+    verdict = job(tmp_path, _ipc_job(2))["verdict"]
+    assert verdict["rule_id"] != "drift-identical-hostnames"
+    assert verdict["category"] == "p2p_nvlink_or_pcie_error"

@@ -12,7 +12,8 @@ hosts), no host is named and the summary shows both sides.
 - `driver_drift`: the CUDA driver (NCCL's `cudaDriverVersion`, nvidia-smi) differs across hosts.
 - `torch_drift`: the PyTorch version differs across hosts.
 - `identical_hostnames`: one host name used by several machines (different addresses on the
-  same interface, NET transport between ranks of "one" host, NCCL counting fewer local ranks).
+  same interface, NET transport between ranks of "one" host, NCCL counting fewer local ranks, CUDA
+  IPC / shared-memory setup failing between processes that claim the same GPU).
 - `gpu_heterogeneity`: a mixed GPU pool; OOMs on its smallest cards; bf16 on cards without it.
 - `gpu_process_table`: nvidia-smi's process table shows several processes of one program on one
   GPU, the extra small ones being stray CUDA contexts of other ranks.
@@ -242,7 +243,8 @@ def torch_drift(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
 def identical_hostnames(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     facts = job.host_facts
     signals: dict[str, list[tuple[str, list[int], list[int]]]] = {}  # host -> (text, ranks, evidence)
-    for host, text, ranks, evidence in [*_address_signals(facts), *_transport_signals(events, facts, job), *_local_rank_signals(facts, job)]:
+    for host, text, ranks, evidence in [*_address_signals(facts), *_transport_signals(events, facts, job), *_local_rank_signals(facts, job),
+                                        *_intra_node_failure_signals(events)]:
         signals.setdefault(host, []).append((text, ranks, evidence))
     rows = []
     for host, found in sorted(signals.items()):
@@ -303,6 +305,34 @@ def _transport_signals(events: pl.DataFrame, facts: HostFacts, job: JobContext) 
         out.append((host[0] if isinstance(host, tuple) else host,
                     f"NCCL connected ranks of this host over the network ({text})", ranks,
                     group.get_column("event_id").head(4).to_list()))
+    return out
+
+
+# NCCL's intra-node transports failing on a peer's handle or buffer (transport/p2p.cc's CUDA IPC open,
+# include/shm.h's host-buffer registration): what a peer on another machine taken for a neighbour gives.
+_INTRA_NODE_FAILURE = r"failed to open CUDA IPC handle|failed to register host buffer"
+
+
+def _intra_node_failure_signals(events: pl.DataFrame) -> list[tuple[str, str, list[int], list[int]]]:
+    """NCCL's CUDA IPC / shared-memory setup failed under a host name whose NCCL lines claim one CUDA
+    device from several processes: two machines' processes, each on its own GPU 0, taken for one node."""
+    nccl = events.filter(pl.col("kind").str.starts_with("nccl.") & pl.col("host").is_not_null()
+                         & pl.col("pid").is_not_null() & pl.col("device").is_not_null())
+    failed = nccl.filter(pl.col("message").fill_null("").str.contains(_INTRA_NODE_FAILURE))
+    if failed.height == 0:
+        return []
+    shared = (
+        nccl.filter(pl.col("host").is_in(failed.get_column("host").unique().implode()))
+        .group_by("host", "device").agg(pl.col("pid").unique().sort().alias("pids"))
+        .filter(pl.col("pids").list.len() > 1)
+        .sort("host", "device")
+    )
+    out = []
+    for (host,), group in shared.group_by("host", maintain_order=True):
+        claims = "; ".join(f"GPU {d}: pids {','.join(map(str, pids[:4]))}" for d, pids in group.select("device", "pids").head(3).iter_rows())
+        evidence = failed.filter(pl.col("host") == host).get_column("event_id").head(4).to_list()
+        out.append((host, f"several processes claim the same GPU ({claims}) and NCCL's CUDA IPC / shared-memory "
+                          "setup between them failed", [], evidence))
     return out
 
 
