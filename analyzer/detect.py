@@ -15,6 +15,7 @@ import polars as pl
 from analyzer.analyses import JobContext, load_all
 from analyzer.bounds import MAX_WORLD_SIZE
 from analyzer.findings import concat_findings, finding, findings_frame
+from analyzer.parse.classify import VOCAB_KIND_PREFIX
 from analyzer.ranks import format_ranks
 from analyzer.rules import Rule, catalogue
 
@@ -112,7 +113,12 @@ def _events_of_kinds(events: pl.DataFrame, rows_of_kind: dict[str | None, pl.Ser
 
 def _with_mentions(hits: pl.DataFrame) -> pl.DataFrame:
     """The ranks and the host a hit line names, read on the hits only (never on the whole frame)."""
-    mention = pl.concat_str([pl.col("message").fill_null(""), pl.col("detail").fill_null("")], separator=" ")
+    # A vocabulary event's detail is the vocabulary's own gloss (`<row id>: <meaning>`), not the log's
+    # text: a host or rank it names (`the address its hostname resolves to`) is nobody's. A newline
+    # between message and detail: `No route to host` ending the message does not name the detail's
+    # first word.
+    detail = pl.when(pl.col("kind").str.starts_with(VOCAB_KIND_PREFIX)).then(None).otherwise(pl.col("detail"))
+    mention = pl.concat_str([pl.col("message").fill_null(""), detail.fill_null("")], separator="\n")
     # A rank past int64 or past any real job (`rank 10^18`) is no rank: dropped, never a culprit.
     named = pl.element().str.extract(r"(\d+)").cast(pl.Int64, strict=False)
     return hits.select(
