@@ -13,6 +13,8 @@ from typing import Any
 from lark import Lark, Token, Transformer
 from lark.exceptions import LarkError
 
+# An integer field is None past int64 (a corrupted line's 30-digit 'sequence number').
+from analyzer.bounds import int64
 from analyzer.resources import data_dir
 
 GRAMMAR_STARTS: dict[str, tuple[str, ...]] = {
@@ -20,18 +22,6 @@ GRAMMAR_STARTS: dict[str, tuple[str, ...]] = {
     "nccl": ("ib_completion", "ib_async", "connect_failed", "peer_closed", "duplicate_gpu", "cuda_failure"),
     "torchrun": ("entry",),
 }
-
-
-_INT64_MAX = 2**63 - 1
-
-
-def _int(token) -> int | None:
-    """An integer field, or None when it cannot be one (a corrupted line's 30-digit 'sequence number')."""
-    text = str(token).strip()
-    if len(text.lstrip("+-")) > 19:  # beyond int64, and int() refuses more than 4,300 digits anyway
-        return None
-    value = int(text)
-    return value if -_INT64_MAX <= value <= _INT64_MAX else None
 
 
 class FieldsTransformer(Transformer):
@@ -42,31 +32,31 @@ class FieldsTransformer(Transformer):
         return _merge(items)
 
     def seq(self, items):
-        return {"seq": _int(items[0])}
+        return {"seq": int64(items[0])}
 
     def op(self, items):
         return {"op": str(items[0])}
 
     def numel_in(self, items):
-        return {"numel_in": _int(items[0])}
+        return {"numel_in": int64(items[0])}
 
     def numel_out(self, items):
-        return {"numel_out": _int(items[0])}
+        return {"numel_out": int64(items[0])}
 
     def timeout_ms(self, items):
-        return {"timeout_ms": _int(items[0])}
+        return {"timeout_ms": int64(items[0])}
 
     def elided(self, _items):
         return {}
 
     # c10d: process-group status
     def status_seq(self, items):
-        ints = [_int(t) for t in items if isinstance(t, Token) and t.type == "SIGNED_INT"]
+        ints = [int64(t) for t in items if isinstance(t, Token) and t.type == "SIGNED_INT"]
         return {"seq": ints[0], "last_enqueued": ints[1], "last_completed": ints[2]}
 
     def status_dump(self, items):
         origin = next((i for i in items if isinstance(i, dict)), {})
-        ints = [_int(t) for t in items if isinstance(t, Token) and t.type == "SIGNED_INT"]
+        ints = [int64(t) for t in items if isinstance(t, Token) and t.type == "SIGNED_INT"]
         return {**origin, "last_enqueued": ints[0], "last_completed": ints[1]}
 
     def pg_status(self, items):
@@ -76,7 +66,7 @@ class FieldsTransformer(Transformer):
         return {"dump_from": "self"}
 
     def origin_rank(self, items):
-        return {"dump_from": _int(items[0])}
+        return {"dump_from": int64(items[0])}
 
     def old_status_head(self, _items):
         return None
@@ -88,10 +78,10 @@ class FieldsTransformer(Transformer):
         return fields
 
     def status_code(self, items):
-        return {"status": _int(items[0])}
+        return {"status": int64(items[0])}
 
     def status_named(self, items):
-        return {"status": _int(items[1]), "status_name": str(items[0])}
+        return {"status": int64(items[1]), "status_name": str(items[0])}
 
     def ib_async(self, items):
         device = next((str(t) for t in items if isinstance(t, Token) and t.type == "DEVICE_PORT"), None)
@@ -105,7 +95,7 @@ class FieldsTransformer(Transformer):
         return {"peer": f"{items[1]}<{items[2]}>"}
 
     def duplicate_gpu(self, items):
-        return {"ranks": [_int(items[0]), _int(items[1])], "bus_id": str(items[2])}
+        return {"ranks": [int64(items[0]), int64(items[1])], "bus_id": str(items[2])}
 
     def cuda_failure(self, items):
         return {"cuda_error": str(items[-1]).strip("'")}
@@ -121,10 +111,10 @@ class FieldsTransformer(Transformer):
         return {"host": str(items[0]).strip()}
 
     def rank(self, items):
-        return {"rank": _int(items[0]), "local_rank": _int(items[1])}
+        return {"rank": int64(items[0]), "local_rank": int64(items[1])}
 
     def exitcode(self, items):
-        fields = {"exitcode": _int(items[0]), "pid": _int(items[1])}
+        fields = {"exitcode": int64(items[0]), "pid": int64(items[1])}
         if len(items) > 2:
             fields["signal"] = str(items[2])
         return fields
