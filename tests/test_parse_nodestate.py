@@ -218,7 +218,10 @@ def test_topo_with_nic_legend_and_ansi_header():
     ]
 
 
-def test_topo_without_nic_columns_gives_no_event():
+def test_topo_without_nic_columns_gives_info_events_only():
+    # the file is read (one event per GPU row, its paths to the other GPUs), and nothing in it is a warning
     shared = Path(__file__).resolve().parent.parent.parent / "shared" / "formats-samples" / "system" / "nvidia-smi_topo_nvlink_dmesg.txt"
     text = shared.read_text() if shared.exists() else "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tNV18\t0-31\t0\nGPU1\tNV18\t X \t0-31\t0\n"
-    assert events_of(text).filter(pl.col("kind") == "node.topology").height == 0
+    topology = events_of(text).filter(pl.col("kind") == "node.topology")
+    assert topology.height >= 2 and set(topology.get_column("severity")) == {"info"}
+    assert all("no NIC in the matrix" in m for m in topology.get_column("message"))

@@ -221,3 +221,19 @@ def test_a_world_spanning_the_hosts_beside_intra_host_groups_is_no_finding(tmp_p
 def test_a_single_host_job_is_no_finding(tmp_path):
     report = job(tmp_path, comm_lines("gpu-a", 100, [(0, 2), (1, 2)]))
     assert report["verdict"]["category"] == "none"
+
+
+# --- an nvidia-smi topo -m matrix without NIC columns ------------------------------------------------
+
+def test_a_gpu_only_topology_matrix_is_read_and_is_no_finding(tmp_path):
+    (tmp_path / "topo.txt").write_text(
+        "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\n"
+        "GPU0\t X \tNV4\tSYS\tSYS\t0-15\t0\n"
+        "GPU1\tNV4\t X \tSYS\tSYS\t0-15\t0\n"
+        "GPU2\tSYS\tSYS\t X \tPHB\t16-31\t1\n"
+        "GPU3\tSYS\tSYS\tPHB\t X \t16-31\t1\n")
+    analysis = analyze(str(tmp_path))
+    topology = analysis.events.filter(kind="node.topology")
+    assert topology.height == 4 and topology.get_column("severity").unique().to_list() == ["info"]
+    assert "GPU1 NV4" in topology.sort("line").get_column("message")[0]
+    assert analysis.report["verdict"]["category"] == "none"

@@ -318,7 +318,7 @@ def _topology(lines: pl.DataFrame) -> pl.DataFrame:
     long = long.filter(pl.col("_cols").list.len() == pl.col("_cells").list.len()).explode("_cols", "_cells")
     nics = long.filter(~pl.col("_cols").str.starts_with("GPU"))
     if nics.height == 0:
-        return nics
+        return _gpu_peer_paths(long)
     legend = frame.select("file", pl.col("b").str.extract(_TOPO_LEGEND, 1).alias("_cols"), pl.col("b").str.extract(_TOPO_LEGEND, 2).alias("_name")).drop_nulls()
     nics = nics.join(legend.unique(["file", "_cols"]), on=["file", "_cols"], how="left").with_columns(
         pl.when(pl.col("_name").is_not_null()).then(pl.concat_str("_cols", pl.lit("("), "_name", pl.lit(")"))).otherwise(pl.col("_cols")).alias("nic"),
@@ -340,6 +340,22 @@ def _topology(lines: pl.DataFrame) -> pl.DataFrame:
         pl.when(cross_numa).then(pl.lit("warning")).otherwise(pl.lit("info")).alias("severity"),
         message.alias("message"), pl.col("gpu").alias("detail"),
     ).drop("gpu", "_paths", "_nearest", "_via")
+
+
+def _gpu_peer_paths(long: pl.DataFrame) -> pl.DataFrame:
+    """A matrix without NIC columns: per GPU row, its path to each other GPU (info: which path a GPU pair
+    takes says nothing wrong on its own; the file is read, not refused)."""
+    peers = long.filter(pl.col("_cols").str.starts_with("GPU") & (pl.col("_cells") != "X"))
+    if peers.height == 0:
+        return peers
+    per_gpu = peers.group_by("file", "gpu", maintain_order=True).agg(
+        pl.col("line").first(), pl.col("text").first(), pl.concat_str("_cols", pl.lit(" "), "_cells").str.join(", ").alias("_paths"),
+    )
+    return per_gpu.with_columns(
+        pl.lit("node.topology").alias("kind"), pl.lit("info").alias("severity"),
+        pl.concat_str(pl.col("gpu"), pl.lit(": no NIC in the matrix; paths to the other GPUs: "), pl.col("_paths")).alias("message"),
+        pl.col("gpu").alias("detail"),
+    ).drop("gpu", "_paths")
 
 
 # `nvidia-smi topo -m` paths, nearest first.
