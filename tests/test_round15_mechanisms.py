@@ -55,3 +55,20 @@ def test_deepspeed_op_report_warnings_alone_are_read_and_clean(tmp_path):
              " [WARNING]  Please specify the CUTLASS repo directory as environment variable $CUTLASS_PATH"]
     report = job(tmp_path, lines)
     assert report["verdict"]["category"] == "none" and not report["findings"]
+
+
+OLD_WATCHDOG = ("[E ProcessGroupNCCL.cpp:587] [Rank 3] Watchdog caught collective operation timeout: "
+                "WorkNCCL(OpType=BROADCAST, Timeout(ms)=1800000) ran for 1800391 milliseconds before timing out.")
+NEW_WATCHDOG = ("[E ProcessGroupNCCL.cpp:587] [Rank 3] Watchdog caught collective operation timeout: "
+                "WorkNCCL(SeqNum=5321, OpType=BROADCAST, NumelIn=4096, NumelOut=4096, Timeout(ms)=1800000) "
+                "ran for 1800391 milliseconds before timing out.")
+
+
+def test_one_ranks_old_watchdog_line_without_size_or_sequence_is_a_timeout_not_a_divergence(tmp_path):
+    verdict = job(tmp_path, [OLD_WATCHDOG])["verdict"]
+    assert verdict["category"] == "nccl_timeout"
+
+
+def test_a_watchdog_line_with_its_sequence_number_mid_run_is_still_read_as_a_divergence(tmp_path):
+    report = job(tmp_path, [NEW_WATCHDOG])
+    assert "hang-data-collective-diverged" in {f["rule_id"] for f in report["findings"]}

@@ -105,6 +105,11 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             # others may be waiting in a barrier for it, and the progress matrix names it as absent.
             # Calling this a divergence would send the reader to the waiting ranks' code.
             return findings_frame([])
+        if stuck["numel_in"] is None and stuck["seq"] is None and inferred and silent:
+            # A pre-2.0 line without size or sequence number, and no other rank of the job logged: nothing
+            # says the collective is mid-run or that the sequences differ; one rank's long wait (a peer
+            # still busy past the timeout) reads the same. The timeout finding stands alone.
+            return findings_frame([])
         return findings_frame([finding(
             "hang-data-collective-diverged",
             confidence=0.4,
