@@ -80,6 +80,7 @@ def test_a_unique_id_get_timeout_is_a_timeout(tmp_path):
     verdict = job(tmp_path, _unique_id("Socket Timeout"))["verdict"]
     assert verdict["category"] == "nccl_timeout"
     assert verdict["rule_id"] == "nccl-unique-id-store-get-timeout"
+    assert verdict["culprit_ranks"] == [0]  # the rank the waiting rank 5 names, not the writer
 
 
 def test_a_unique_id_get_reset_is_not_a_timeout(tmp_path):
