@@ -26,8 +26,9 @@ _RANK_MENTION = r"\brank (\d+)\b"
 _ABSENT_MENTION = r"\b[Rr]anks? \d+\b"
 # A host the line itself names as the one that failed (`host=<h> was not reachable via ssh`, `ssh: Could
 # not resolve hostname <h>`, `connect to host <h> port 22`, NCCL's `Connection closed by remote peer
-# <h><port>` in a raised error's `Last error:`): the culprit when the line's writer is unknown.
-_HOST_MENTION = r"\b(?:host=|hostname |to host |remote peer )([A-Za-z0-9][\w\-]*(?:\.[\w\-]+)*)"
+# <h><port>` in a raised error's `Last error:`, Ray's node `at node (ID: <hex>, IP: <ip>)` / `Memory on the
+# node (IP: <ip>, ID: <hex>)`): the culprit when the line's writer is unknown.
+_HOST_MENTION = r"\b(?:host=|hostname |to host |remote peer |node \((?:ID: [0-9a-f]+, )?IP: )([A-Za-z0-9][\w\-]*(?:\.[\w\-]+)*)"
 
 
 @dataclass

@@ -14,8 +14,8 @@ ETH_BOOTSTRAP = "gpu-7:310:310 [1] NCCL INFO Bootstrap : Using [0]enp65s0:10.1.0
 CHAIN = ["gpu-7:310:420 [1] NCCL INFO misc/socket.cc:540 -> 2", "gpu-7:310:420 [1] NCCL INFO bootstrap.cc:301 -> 2"]
 
 
-def job(tmp_path: Path, lines: list[str]) -> dict:
-    (tmp_path / "rank1.log").write_text("\n".join([*ORDINARY_BEFORE, *lines, *ORDINARY_AFTER]) + "\n")
+def job(tmp_path: Path, lines: list[str], name: str = "rank1.log") -> dict:
+    (tmp_path / name).write_text("\n".join([*ORDINARY_BEFORE, *lines, *ORDINARY_AFTER]) + "\n")
     return analyze(str(tmp_path)).report
 
 
@@ -72,3 +72,23 @@ def test_one_ranks_old_watchdog_line_without_size_or_sequence_is_a_timeout_not_a
 def test_a_watchdog_line_with_its_sequence_number_mid_run_is_still_read_as_a_divergence(tmp_path):
     report = job(tmp_path, [NEW_WATCHDOG])
     assert "hang-data-collective-diverged" in {f["rule_id"] for f in report["findings"]}
+
+
+RAY_MONITOR = ("(raylet) node_manager.cc:3040: 2 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers "
+               "crashed due to other reasons at node (ID: 5f0c1e2d, IP: 10.4.0.21) over the last time period.")
+RAY_TASK = ("(raylet) Task was killed due to the node running low on memory. "
+            "Memory on the node (IP: 10.4.0.22, ID: 9a8b7c6d) where the task was running was 60.1GB / 62.0GB (0.97).")
+RAY_NO_NODE = "(raylet) 1 Workers (tasks / actors) killed due to memory pressure (OOM) over the last time period."
+
+
+def test_rays_node_ip_names_the_culprit_host_of_its_oom_kill(tmp_path):
+    for i, (line, host) in enumerate(((RAY_MONITOR, "10.4.0.21"), (RAY_TASK, "10.4.0.22"))):
+        (tmp_path / str(i)).mkdir()
+        verdict = job(tmp_path / str(i), [line], name="raylet.log")["verdict"]  # no rank writes it
+        assert verdict["category"] == "host_oom_or_killed"
+        assert verdict["culprit_hosts"] == [host]
+
+
+def test_a_ray_oom_line_naming_no_node_names_no_host(tmp_path):
+    verdict = job(tmp_path, [RAY_NO_NODE], name="raylet.log")["verdict"]
+    assert verdict["category"] == "host_oom_or_killed" and verdict["culprit_hosts"] == []
