@@ -32,6 +32,8 @@ _CRASH_KINDS = ["traceback.exception", "nccl.error_raised", "cuda.error"]
 _BUSY_KINDS = ["progress", "log.last", "train.end"]
 _RANK_IN_TEXT = r"(?i)\bon rank[ =:_]?(\d+)\b|\brank=(\d+)"
 _PROGRESS_BAR = r"\d+%\|[^|]*\|\s*\d+/\d+ \["
+# A watchdog timeout under 5 minutes was set on purpose (torch's defaults are 10 and 30 minutes).
+_SHORT_TIMEOUT_MS = 300_000
 
 
 @register("hang_heuristics")
@@ -109,6 +111,12 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
             # A pre-2.0 line without size or sequence number, and no other rank of the job logged: nothing
             # says the collective is mid-run or that the sequences differ; one rank's long wait (a peer
             # still busy past the timeout) reads the same. The timeout finding stands alone.
+            return findings_frame([])
+        if inferred and set(world) <= waiting and (stuck.get("timeout_ms") or _SHORT_TIMEOUT_MS) < _SHORT_TIMEOUT_MS:
+            # The only ranks the logs show are the ones that timed out, under a timeout configured far
+            # below torch's defaults (10-30 min): no other rank's position says the sequences differ, and a
+            # legitimately slow collective (a large gather, a peer saving or evaluating) outlasts such a
+            # timeout. The timeout finding stands alone.
             return findings_frame([])
         return findings_frame([finding(
             "hang-data-collective-diverged",
