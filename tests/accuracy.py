@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from analyzer.api import NothingToAnalyse, analyze
@@ -69,6 +70,7 @@ def truth_cases() -> list[Path]:
     return sorted(p.parent for p in FIXTURES.glob("*/*/truth.toml"))
 
 
+@cache  # the decoys and benign runs are scored by three tests of one module: each job is analysed once a process
 def evaluate(case: Path) -> CaseResult:
     truth = tomllib.loads((case / "truth.toml").read_text(encoding="utf-8"))
     try:
@@ -104,6 +106,7 @@ def healthy_runs() -> list[Path]:
     return sorted(p.parent for p in (FIXTURES / "healthy").glob("*/job"))
 
 
+@cache
 def evaluate_healthy(run: Path) -> HealthyResult:
     about = run / "about.toml"
     meta = tomllib.loads(about.read_text(encoding="utf-8")) if about.is_file() else {}
