@@ -45,7 +45,12 @@ def _parse_pyspy_text(item: InputFile) -> pl.DataFrame:
 def _parse_gdb_text(item: InputFile) -> pl.DataFrame:
     from analyzer.parse.gdb import parse_gdb_text
 
-    return parse_gdb_text(item)
+    # The stacks, and the lines as text too: a frame's symbol can be a line kind or vocabulary text
+    # (ProcessGroupNCCL's workCleanupLoop, an NCCL call) that the signatures read.
+    stacks = parse_gdb_text(item)
+    if item.status != "pending":
+        return stacks
+    return concat_events([stacks, *_parse_text_batches([item])])
 
 
 def _parse_pyspy_json(item: InputFile) -> pl.DataFrame:
