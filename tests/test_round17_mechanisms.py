@@ -42,3 +42,11 @@ def test_one_ranks_timeout_under_the_default_timeout_still_reads_as_a_divergence
     verdict = job(tmp_path, [watchdog(1_800_000)])["verdict"]
     assert verdict["category"] == "collective_mismatch"
     assert verdict["rule_id"] == "hang-data-collective-diverged"
+
+
+def test_a_log_of_python_warnings_alone_is_read_and_clean(tmp_path):
+    (tmp_path / "train.log").write_text(
+        "/opt/env/lib/python3.11/site-packages/lightning/trainer/result.py:212: It is recommended to log this metric on epoch level\n"
+        "/opt/env/lib/python3.11/site-packages/torch/nn/modules/module.py:1501: UserWarning: the parameter is deprecated\n")
+    report = analyze(str(tmp_path)).report
+    assert report["verdict"]["category"] == "none" and not report["findings"]
