@@ -98,33 +98,40 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     if unplaced is not None:
         return findings_frame([unplaced])
     if stuck["op"] is not None:
-        if len(world) == 1 and not inferred:
-            # A job of one rank (stated so) cannot diverge from itself: its collective waited for the
-            # rank's own earlier GPU work, and the timeout finding says so without naming a mismatch.
-            return findings_frame([])
-        if stuck["numel_in"] is None and op_name in BARRIER_OPS and silent:
-            # Size unknown (a pre-2.0 watchdog line) while a rank of the job left no timeout line: the
-            # others may be waiting in a barrier for it, and the progress matrix names it as absent.
-            # Calling this a divergence would send the reader to the waiting ranks' code.
-            return findings_frame([])
-        if stuck["numel_in"] is None and stuck["seq"] is None and inferred and silent:
-            # A pre-2.0 line without size or sequence number, and no other rank of the job logged: nothing
-            # says the collective is mid-run or that the sequences differ; one rank's long wait (a peer
-            # still busy past the timeout) reads the same. The timeout finding stands alone.
-            return findings_frame([])
-        if inferred and set(world) <= waiting and (stuck.get("timeout_ms") or _SHORT_TIMEOUT_MS) < _SHORT_TIMEOUT_MS:
-            # The only ranks the logs show are the ones that timed out, under a timeout configured far
-            # below torch's defaults (10-30 min): no other rank's position says the sequences differ, and a
-            # legitimately slow collective (a large gather, a peer saving or evaluating) outlasts such a
-            # timeout. The timeout finding stands alone.
-            return findings_frame([])
-        return findings_frame([finding(
-            "hang-data-collective-diverged",
-            confidence=0.4,
-            summary=f"{who} timed out mid-run in {op} (numel {stuck['numel_in']}); no rank logged an error",
-            evidence=evidence,
-        )])
+        return _data_collective_finding(stuck, op_name, world, inferred, silent, waiting, who, op, evidence)
     return findings_frame([])
+
+
+def _data_collective_finding(stuck: dict, op_name: str | None, world: list[int], inferred: bool,
+                             silent: list[int], waiting: set[int], who: str, op: str, evidence: list) -> pl.DataFrame:
+    """A data collective (not a barrier) timed out mid-run: a divergence, unless what the logs show says
+    a single rank waited for its own work or a short timeout outran a legitimately slow peer."""
+    if len(world) == 1 and not inferred:
+        # A job of one rank (stated so) cannot diverge from itself: its collective waited for the
+        # rank's own earlier GPU work, and the timeout finding says so without naming a mismatch.
+        return findings_frame([])
+    if stuck["numel_in"] is None and op_name in BARRIER_OPS and silent:
+        # Size unknown (a pre-2.0 watchdog line) while a rank of the job left no timeout line: the
+        # others may be waiting in a barrier for it, and the progress matrix names it as absent.
+        # Calling this a divergence would send the reader to the waiting ranks' code.
+        return findings_frame([])
+    if stuck["numel_in"] is None and stuck["seq"] is None and inferred and silent:
+        # A pre-2.0 line without size or sequence number, and no other rank of the job logged: nothing
+        # says the collective is mid-run or that the sequences differ; one rank's long wait (a peer
+        # still busy past the timeout) reads the same. The timeout finding stands alone.
+        return findings_frame([])
+    if inferred and set(world) <= waiting and (stuck.get("timeout_ms") or _SHORT_TIMEOUT_MS) < _SHORT_TIMEOUT_MS:
+        # The only ranks the logs show are the ones that timed out, under a timeout configured far
+        # below torch's defaults (10-30 min): no other rank's position says the sequences differ, and a
+        # legitimately slow collective (a large gather, a peer saving or evaluating) outlasts such a
+        # timeout. The timeout finding stands alone.
+        return findings_frame([])
+    return findings_frame([finding(
+        "hang-data-collective-diverged",
+        confidence=0.4,
+        summary=f"{who} timed out mid-run in {op} (numel {stuck['numel_in']}); no rank logged an error",
+        evidence=evidence,
+    )])
 
 
 @register("horovod_stall")
