@@ -94,6 +94,9 @@ _NCCL_TESTS = re.compile(
 # cover it): a head holding none is no nccl-tests output, without running the regex line by line.
 _NCCL_TESTS_LITERALS = (b"(elements)", b"Avg bus bandwidth", b"count", b"f8e", b"float", b"double", b"half",
                         b"int8", b"int32", b"int64", b"nThread ")
+# The CUDA samples' peer-to-peer tests (p2pBandwidthLatencyTest, simpleP2P): their name line, read by
+# analyzer/parse/p2ptest.py and as text too.
+_P2P_TEST = re.compile(rb"(?m)^\[(?:P2P \(Peer-to-Peer\) GPU Bandwidth Latency Test|[^\]\n]*simpleP2P)\]")
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)(?:\D|$)", re.IGNORECASE)
 # A run of NULs inside text is crash padding (blocks allocated but never written before the host
 # died); scattered NULs are binary structure.
@@ -147,6 +150,8 @@ def format_of_head(head: bytes, json_kind: Callable[[], str]) -> tuple[str, str]
         if not head.strip(b"\x00"):
             return "binary", "nothing but NUL bytes (blocks never written before a crash?)"
         return "binary", "binary content (not a log, dump or trace this version reads)"
+    if (b"GPU Bandwidth Latency Test]" in head or b"simpleP2P]" in head) and _P2P_TEST.search(head):
+        return "p2p_test", ""
     if any(lit in head for lit in _NCCL_TESTS_LITERALS) and _NCCL_TESTS.search(head):
         return "nccl_tests", ""
     if _looks_like_source(head):

@@ -108,7 +108,7 @@ def _parse_nsys_stats_csv(item: InputFile) -> pl.DataFrame:
     return parse_nsys_stats_csv(item)
 
 
-TEXT_FORMATS = ("text", "text-utf16", "nccl_tests")  # nccl-tests output holds NCCL_DEBUG lines too
+TEXT_FORMATS = ("text", "text-utf16", "nccl_tests", "p2p_test")  # nccl-tests output holds NCCL_DEBUG lines too
 
 def _parse_collect_env(item: InputFile) -> pl.DataFrame:
     from analyzer.parse.collect_env import parse_collect_env
@@ -148,7 +148,7 @@ def parse_input(item: InputFile, parser=None) -> pl.DataFrame:
     if item.status != "pending":
         return empty_events()
     if item.format in TEXT_FORMATS:
-        return concat_events([*_parse_text_batches([item]), *_parse_nccl_tests([item])])
+        return concat_events([*_parse_text_batches([item]), *_parse_nccl_tests([item]), *_parse_p2p_tests([item])])
     parser = parser or PARSERS.get(item.format)
     if parser is None:
         item.skip(UNREAD_FORMATS.get(item.format, f"format {item.format!r} is not read"))
@@ -177,20 +177,32 @@ def parse_inputs(items: list[InputFile]) -> pl.DataFrame:
     # By identity: `in` on a list compares dataclasses field by field, O(n^2) at 100k files.
     chosen = {id(i) for i in text_items}
     others = [i for i in items if id(i) not in chosen]
-    return concat_events([*_parse_text_batches(text_items), *_parse_nccl_tests(text_items), *_parse_others(others)])
+    return concat_events([*_parse_text_batches(text_items), *_parse_nccl_tests(text_items), *_parse_p2p_tests(text_items),
+                          *_parse_others(others)])
 
 
 def _parse_nccl_tests(items: list[InputFile]) -> list[pl.DataFrame]:
     """nccl-tests result tables, after the text parser read the same files' log lines."""
     from analyzer.parse.nccltests import parse_nccl_tests
 
+    return _parse_tables(items, "nccl_tests", parse_nccl_tests, "nccl-tests tables")
+
+
+def _parse_p2p_tests(items: list[InputFile]) -> list[pl.DataFrame]:
+    """The CUDA samples' p2p test matrices, after the text parser read the same files' lines."""
+    from analyzer.parse.p2ptest import parse_p2p_test
+
+    return _parse_tables(items, "p2p_test", parse_p2p_test, "p2p test matrices")
+
+
+def _parse_tables(items: list[InputFile], fmt: str, parse, what: str) -> list[pl.DataFrame]:
     frames = []
-    for item in (i for i in items if i.format == "nccl_tests" and i.status != "error"):
+    for item in (i for i in items if i.format == fmt and i.status != "error"):
         try:
-            events, own = parse_nccl_tests(item)
+            events, own = parse(item)
         except INPUT_ERRORS as exc:  # a bad table must never abort the job; its log lines were read
             item.status = "partial"
-            item.reason = f"nccl-tests tables not read: {type(exc).__name__}: {exc}"[:500]
+            item.reason = f"{what} not read: {type(exc).__name__}: {exc}"[:500]
             continue
         item.unparsed_lines = max(item.unparsed_lines - own, 0)  # its table lines are read, not unknown
         if item.status == "partial" and item.reason == "no line of a known format" and item.unparsed_lines < item.lines:
