@@ -88,11 +88,12 @@ def _stack_listing(head: bytes) -> str:
 _NCCL_TESTS = re.compile(
     rb"(?m)^[^\n]{0,48}?(?:#\s*)?nThread \d+ nGpus \d+ |^[^\n]{0,48}?#?\s*Avg bus bandwidth\s*:|^[^\n]{0,48}?#\s+size\s+count\s+type\s"
     rb"|^[^\n]{0,48}?#\s+\(B\)\s+\(elements\)"  # a pasted table: its unit line, or a row of a type nccl-tests names
+    rb"|^[^\n]{0,48}?#?\s+bytes\s+N\s+type\s+op\s"  # NCCL 1's test programs (and the first nccl-tests): their columns
     rb"|^(?:\[\d+\])?\s*\d+\s+\d+\s+(?:float|double|half|bfloat16|int8|uint8|int32|uint32|int64|uint64|f8e\w+)\s+(?:sum|prod|min|max|avg|none|mulsum|-?\d+)\s"
 )
 # Every match of _NCCL_TESTS holds one of these (tests/test_sniff_prefilter.py checks that they
 # cover it): a head holding none is no nccl-tests output, without running the regex line by line.
-_NCCL_TESTS_LITERALS = (b"(elements)", b"Avg bus bandwidth", b"count", b"f8e", b"float", b"double", b"half",
+_NCCL_TESTS_LITERALS = (b"(elements)", b"Avg bus bandwidth", b"bytes", b"count", b"f8e", b"float", b"double", b"half",
                         b"int8", b"int32", b"int64", b"nThread ")
 # The CUDA samples' peer-to-peer tests (p2pBandwidthLatencyTest, simpleP2P): their name line, read by
 # analyzer/parse/p2ptest.py and as text too.

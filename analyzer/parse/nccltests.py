@@ -34,11 +34,13 @@ _HEADER = (
     r"(?: agg iters: (?P<agg_iters>\d+))?.*?validation: (?P<validation>\d+)(?: graph: (?P<graph>\d+))?"
 )
 # The host is whatever sits between `on` and `device` (a redacted paste can hold a space in it).
+# NCCL 1's own test programs (test/single/*_test.cu, one process) print `#   Rank  0 uses device  0 [0x05] <gpu>`.
 _DEVICE = (
-    r"^#?\s*Rank\s+(?P<rank>\d+)(?:\s+Group\s+\d+)?(?:\s+Pid\s+(?P<pid>\d+))?\s+on\s+(?P<host>.*?)\s+device\s+"
+    r"^#?\s*Rank\s+(?P<rank>\d+)(?:\s+Group\s+\d+)?(?:\s+Pid\s+(?P<pid>\d+))?\s+(?:on\s+(?P<host>.*?)\s+device|uses device)\s+"
     r"(?P<device>\d+)\s+\[(?P<bus_id>[0-9A-Fa-fx:.]+)\]\s+(?P<gpu>.*?)\s*$"
 )
-_COLUMNS = r"^#\s+size\s+count\s+type\b"
+# `size count type redop ...`; NCCL 1's tests and the first nccl-tests: `bytes N type op time algbw busbw res`.
+_COLUMNS = r"^#\s+size\s+count\s+type\b|^#?\s+bytes\s+N\s+type\s+op\b"
 _ROW = r"^\s*\d+\s+\d+\s+[A-Za-z]\w*\s+\S"
 _OUT_OF_BOUNDS = r"^#?\s*Out of bounds values\s*:\s*(\d+)"
 _AVG_BUSBW = r"^#?\s*Avg bus bandwidth\s*:\s*([0-9.eE+\-]+|nan|inf)"
@@ -50,7 +52,7 @@ _FAILURE = (
 _TRACE = r"^\s*\.\.\s+(?P<host>\S+)\s+pid\s+(?P<pid>\d+):\s+Test failure\s+(?P<src>\S+:\d+)"
 # The table's own decoration: `#`, `#  (B)  (elements) ...`, the out-of-place / in-place line, `# Using devices`.
 _DECOR = r"^#\s*(?:$|\(B\)|out-of-place|Using devices|Collective test|nccl-tests version)|^rccl-tests: Version|^\s*out-of-place\s+in-place"
-_LITERALS = ("nThread", "Rank", "size", "Out of bounds", "Avg bus", "failure", "_perf", "Collective test")
+_LITERALS = ("nThread", "Rank", "size", "bytes", "Out of bounds", "Avg bus", "failure", "_perf", "Collective test")
 MAX_LINES = 2_000_000  # an nccl-tests output is a few hundred lines; a huge file is not read past this
 
 _SIDE = ("time", "algbw", "busbw", "wrong")
@@ -115,7 +117,7 @@ def _with_layout(frame: pl.DataFrame) -> pl.DataFrame:
     )
     names = pl.col("_names")
     return frame.with_columns(
-        names.list.contains("redop").alias("_has_redop"),
+        (names.list.contains("redop") | names.list.contains("op")).alias("_has_redop"),
         names.list.contains("root").alias("_has_root"),
         names.list.contains("i_min").alias("_per_iter"),
         (names.list.contains("#wrong") | names.list.contains("wrong")).alias("_counts_wrong"),
@@ -211,6 +213,7 @@ _RESULT_SCHEMA = pl.Struct({
 _RUN_SCHEMA = pl.Struct({
     "test": pl.String, "nthread": pl.Int64, "ngpus": pl.Int64, "min_bytes": pl.Int64, "max_bytes": pl.Int64,
     "iters": pl.Int64, "validation": pl.Int64, "graph": pl.Int64, "avg_busbw": pl.Float64, "out_of_bounds": pl.Int64,
+    "columns": pl.Boolean,
 })
 
 
@@ -227,7 +230,8 @@ def _runs(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("_avg").drop_nulls().last().alias("avg_busbw"),
         pl.col("_oob").drop_nulls().last().alias("out_of_bounds"),
         pl.col("_row").any().alias("_rows"),
-    ).filter(pl.col("_hline").is_not_null() | pl.col("_rows"))
+        pl.col("_columns").any().alias("columns"),  # the column header is printed once init is done
+    ).filter(pl.col("_hline").is_not_null() | pl.col("_rows") | pl.col("columns"))
     if per_run.height == 0:
         return per_run
     header = pl.col("_hbody").str.extract_groups(_HEADER)
@@ -238,7 +242,7 @@ def _runs(frame: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce("_htest", "_ltest").alias("test"),
     )
     detail = pl.struct(
-        "test", *ints, "avg_busbw", "out_of_bounds",
+        "test", *ints, "avg_busbw", "out_of_bounds", "columns",
     ).struct.json_encode()
     return per_run.select(
         "file",
