@@ -65,3 +65,28 @@ def test_a_net_id_absent_from_ncclS_topology_is_nccls_bug_over_the_init_failure(
 def test_an_internal_error_without_the_net_id_warn_stays_an_init_failure(tmp_path):
     verdict = job(tmp_path, [INTERNAL_ERROR])["verdict"]
     assert verdict["category"] == "nccl_init_failure"
+
+
+PEER_ACCESS_WARNINGS = [
+    "[TensorRT-LLM][WARNING] Device 0 peer access Device 2 is not available.",
+    "[TensorRT-LLM][WARNING] Device 0 peer access Device 3 is not available.",
+    "[TensorRT-LLM][INFO] Loaded engine size: 1200 MiB",
+]
+CUT_TRACEBACK = ["Traceback (most recent call last):", '  File "/srv/app/run.py", line 88, in <module>', "    main(args)"]
+
+
+def test_gpus_without_peer_access_alone_are_no_failure(tmp_path):
+    report = job(tmp_path, PEER_ACCESS_WARNINGS)
+    assert report["verdict"]["category"] == "none" and not report["findings"]
+
+
+def test_a_crash_whose_exception_is_lost_on_gpus_without_peer_access_is_p2p(tmp_path):
+    verdict = job(tmp_path, [*PEER_ACCESS_WARNINGS, *CUT_TRACEBACK])["verdict"]
+    assert verdict["rule_id"] == "gpu-peer-access-unavailable-then-crash"
+    assert verdict["category"] == "p2p_nvlink_or_pcie_error"
+
+
+def test_a_crash_that_names_its_exception_keeps_it_beside_the_peer_access_warning(tmp_path):
+    verdict = job(tmp_path, [*PEER_ACCESS_WARNINGS, *CUT_TRACEBACK, "ValueError: max_batch_size 512 exceeds the engine's 256"])["verdict"]
+    assert verdict["category"] == "other"
+    assert verdict["rule_id"] != "gpu-peer-access-unavailable-then-crash"
