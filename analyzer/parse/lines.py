@@ -14,6 +14,7 @@ import re
 
 import polars as pl
 
+from analyzer.io import InputFile, iter_text_chunks
 from analyzer.parse.subsets import captured, spread
 
 MAX_LINE_CHARS = 4096
@@ -148,6 +149,21 @@ def peel_prefixes(lines: pl.DataFrame, host_labels: bool = True) -> pl.DataFrame
         "_clean", "ray_pid", "mpi_rank", "bracket_rank", "label_rank", "acc_host", "acc_local",
         "tee_role", "tee_num", "torch_rank", "label_host", "syslog_host",
     )
+
+
+def read_peeled_lines(item: InputFile, max_lines: int, what: str) -> pl.DataFrame | None:
+    """The lines of one whole text input, prefixes peeled (no host labels: a tool's own output), for
+    parsers of a format whose files are short; None when it holds no text. The input is read in
+    bounded chunks up to `max_lines`, and past them its reason says where `what` stopped being read."""
+    pieces = []
+    lines_read = 0
+    for chunk in iter_text_chunks(item):
+        pieces.append((chunk, item.path, lines_read + 1))
+        lines_read += chunk.count("\n") + (0 if chunk.endswith("\n") else 1)
+        if lines_read >= max_lines:
+            item.reason = "; ".join(filter(None, [item.reason, f"{what} lines read up to line {max_lines}"]))
+            break
+    return peel_prefixes(lines_frame_many(pieces), host_labels=False) if pieces else None
 
 
 def _prefix_groups(text: pl.Series, body: pl.Series) -> list[pl.Series]:

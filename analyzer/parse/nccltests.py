@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from analyzer.io import InputFile, iter_text_chunks
+from analyzer.io import InputFile
 from analyzer.events import conform, empty_events
-from analyzer.parse.lines import lines_frame_many, peel_prefixes
+from analyzer.parse.lines import read_peeled_lines
 
 _HEADER = (
     r"^#?\s*nThread (?P<nthread>\d+) nGpus (?P<ngpus>\d+) minBytes (?P<min_bytes>\d+) maxBytes (?P<max_bytes>\d+)"
@@ -60,18 +60,8 @@ _SIDE = ("time", "algbw", "busbw", "wrong")
 
 def parse_nccl_tests(item: InputFile) -> tuple[pl.DataFrame, int]:
     """Events of one nccl-tests output and how many of its lines were the format's own."""
-    pieces = []
-    lines_read = 0
-    for chunk in iter_text_chunks(item):
-        pieces.append((chunk, item.path, lines_read + 1))
-        lines_read += chunk.count("\n") + (0 if chunk.endswith("\n") else 1)
-        if lines_read >= MAX_LINES:
-            item.reason = "; ".join(filter(None, [item.reason, f"nccl-tests lines read up to line {MAX_LINES}"]))
-            break
-    if not pieces:
-        return empty_events(), 0
-    lines = peel_prefixes(lines_frame_many(pieces), host_labels=False)
-    return nccl_tests_events(lines)
+    lines = read_peeled_lines(item, MAX_LINES, "nccl-tests")
+    return nccl_tests_events(lines) if lines is not None else (empty_events(), 0)
 
 
 def nccl_tests_events(lines: pl.DataFrame) -> tuple[pl.DataFrame, int]:

@@ -28,8 +28,8 @@ from __future__ import annotations
 import polars as pl
 
 from analyzer.events import conform, empty_events
-from analyzer.io import InputFile, iter_text_chunks
-from analyzer.parse.lines import lines_frame_many, peel_prefixes
+from analyzer.io import InputFile
+from analyzer.parse.lines import read_peeled_lines
 
 MAX_LINES = 200_000  # a p2p test's output is tens of lines per GPU; a huge file is not read past this
 
@@ -50,17 +50,8 @@ _LITERALS = ("GPU Bandwidth Latency Test", "simpleP2P", "Device", "P2P", "D\\D",
 
 def parse_p2p_test(item: InputFile) -> tuple[pl.DataFrame, int]:
     """Events of one p2p test's output and how many of its lines were the format's own."""
-    pieces = []
-    lines_read = 0
-    for chunk in iter_text_chunks(item):
-        pieces.append((chunk, item.path, lines_read + 1))
-        lines_read += chunk.count("\n") + (0 if chunk.endswith("\n") else 1)
-        if lines_read >= MAX_LINES:
-            item.reason = "; ".join(filter(None, [item.reason, f"p2p test lines read up to line {MAX_LINES}"]))
-            break
-    if not pieces:
-        return empty_events(), 0
-    return p2p_test_events(peel_prefixes(lines_frame_many(pieces), host_labels=False))
+    lines = read_peeled_lines(item, MAX_LINES, "p2p test")
+    return p2p_test_events(lines) if lines is not None else (empty_events(), 0)
 
 
 def p2p_test_events(lines: pl.DataFrame) -> tuple[pl.DataFrame, int]:
