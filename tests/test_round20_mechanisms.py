@@ -90,3 +90,23 @@ def test_a_crash_that_names_its_exception_keeps_it_beside_the_peer_access_warnin
     verdict = job(tmp_path, [*PEER_ACCESS_WARNINGS, *CUT_TRACEBACK, "ValueError: max_batch_size 512 exceeds the engine's 256"])["verdict"]
     assert verdict["category"] == "other"
     assert verdict["rule_id"] != "gpu-peer-access-unavailable-then-crash"
+
+
+def listing(sizes: list[str]) -> list[str]:
+    return ["-rw-r--r-- 1 root root  609 Aug  1 14:27 config.json",
+            *[f"-rw-r--r-- 1 root root {size} Aug  1 19:0{i} model-0000{i}-of-0000{len(sizes)}.safetensors"
+              for i, size in enumerate(sizes, start=1)],
+            "-rw-r--r-- 1 root root  23K Aug  1 14:27 model.safetensors.index.json"]
+
+
+def test_a_listed_shard_of_lfs_pointer_size_is_an_incomplete_checkpoint(tmp_path):
+    verdict = job(tmp_path, listing(["9.2G", "133", "9.3G"]), name="ls_model_dir.txt")["verdict"]
+    assert verdict["rule_id"] == "checkpoint-shard-listed-at-pointer-size"
+    assert verdict["category"] == "checkpoint_corruption"
+    assert "model-00002-of-00003.safetensors" in verdict["evidence"][0]["text"]
+
+
+def test_a_listing_of_full_shards_is_no_checkpoint_finding(tmp_path):
+    report = job(tmp_path, listing(["9.2G", "9.2G", "4943274328"]), name="ls_model_dir.txt")
+    assert report["verdict"]["category"] != "checkpoint_corruption"
+    assert not [f for f in report["findings"] if f["rule_id"] == "checkpoint-shard-listed-at-pointer-size"]
