@@ -72,7 +72,9 @@ def _severity_expr() -> pl.Expr:
     nccl_warn = pl.when(pl.col("nccl_level") == "WARN").then(pl.lit("warning"))
     return pl.coalesce(vocab, nccl_warn, by_level, by_kind, pl.lit("info"))
 
-def _int(pattern: str, group: int = 1) -> pl.Expr:
+
+def _message_int(pattern: str, group: int = 1) -> pl.Expr:
+    """The integer that `pattern`'s group captures in the message (null where it does not match)."""
     return pl.col("message").str.extract(pattern, group).cast(pl.Int64, strict=False)
 
 
@@ -85,20 +87,20 @@ def _with_regex_fields(frame: pl.DataFrame) -> pl.DataFrame:
     mismatch = kind == "c10d.fingerprint_mismatch"
     return frame.with_columns(
         pl.coalesce(
-            pl.when(mismatch).then(_int(r"Rank (\d+) is running collective")),
-            pl.when(kind == "ddp.unused_parameters").then(_int(r"for rank (\d+)")),
+            pl.when(mismatch).then(_message_int(r"Rank (\d+) is running collective")),
+            pl.when(kind == "ddp.unused_parameters").then(_message_int(r"for rank (\d+)")),
             pl.col("rank"),
         ).alias("rank"),
-        pl.when(comm).then(_int(r" nr?anks (\d+)")).alias("nranks"),
+        pl.when(comm).then(_message_int(r" nr?anks (\d+)")).alias("nranks"),
         pl.when(comm).then(pl.col("message").str.extract(r"busId ([0-9a-fA-F]+)")).alias("peer"),
-        pl.when(comm).then(_int(r"cudaDev (\d+)")).otherwise(pl.col("device")).alias("device"),
+        pl.when(comm).then(_message_int(r"cudaDev (\d+)")).otherwise(pl.col("device")).alias("device"),
         pl.coalesce(
             pl.when(comm).then(pl.col("message").str.extract(r"comm (0x[0-9a-fA-F]+)")),
             pl.col("message").str.extract(r"\[(?:PG ID |PG )?(\d+)(?: PG GUID \d+)?(?:\s*\(([^)]*)\))? Rank \d+\]"),
         ).alias("pg"),
         pl.coalesce(
-            pl.when(comm).then(_int(r" rank (\d+) nr?anks")),
-            pl.col("message").str.extract(r"\[(?:PG[^\]]*)?Rank (\d+)\]").cast(pl.Int64, strict=False),
+            pl.when(comm).then(_message_int(r" rank (\d+) nr?anks")),
+            _message_int(r"\[(?:PG[^\]]*)?Rank (\d+)\]"),
         ).alias("pg_rank"),
         pl.coalesce(
             pl.when(exc).then(pl.col("message").str.extract(PY_EXCEPTION, 1)),
@@ -106,15 +108,15 @@ def _with_regex_fields(frame: pl.DataFrame) -> pl.DataFrame:
             pl.when(kind == "torchrun.worker_failed").then(pl.col("message").str.extract(r"exitcode: (-?\d+)")),
             pl.when(kind == "nccl.env").then(pl.col("message").str.extract(r"(\w+) set by environment")),
         ).alias("code"),
-        pl.when(kind == "torchrun.worker_failed").then(_int(r"exitcode: (-?\d+)")).alias("exitcode"),
+        pl.when(kind == "torchrun.worker_failed").then(_message_int(r"exitcode: (-?\d+)")).alias("exitcode"),
         # `srun: error: <node>: task(s) <list>: ...` names the node whose tasks ended.
         pl.coalesce(pl.when(kind == "slurm.task_exit").then(pl.col("message").str.extract(r"^srun: error: ([^:\s]+): tasks? ")), pl.col("host")).alias("host"),
-        pl.when(kind == "torchrun.worker_failed").then(_int(r"local_rank: (\d+)")).otherwise(pl.col("local_rank")).alias("local_rank"),
+        pl.when(kind == "torchrun.worker_failed").then(_message_int(r"local_rank: (\d+)")).otherwise(pl.col("local_rank")).alias("local_rank"),
         pl.when(mismatch)
         .then(
             pl.concat_list(
-                _int(r"Rank (\d+) is running collective"),
-                _int(r"but Rank (\d+) is running collective"),
+                _message_int(r"Rank (\d+) is running collective"),
+                _message_int(r"but Rank (\d+) is running collective"),
             ).list.drop_nulls()
         )
         .when(kind == "c10d.monitored_barrier")
@@ -123,8 +125,8 @@ def _with_regex_fields(frame: pl.DataFrame) -> pl.DataFrame:
         .then(pl.col("message").str.extract(r"\[([\d,\s]+)\]").str.extract_all(r"\d+").cast(pl.List(pl.Int64)))
         .alias("ranks_ref"),
         pl.coalesce(
-            pl.when(mismatch).then(_int(r"SequenceNumber=(\d+)")),
-            pl.when(kind == "desync.report").then(_int(r"#(\d+)")),
+            pl.when(mismatch).then(_message_int(r"SequenceNumber=(\d+)")),
+            pl.when(kind == "desync.report").then(_message_int(r"#(\d+)")),
         ).alias("seq"),
         pl.when(mismatch).then(pl.col("message").str.extract(r"OpType=(\w+)")).when(kind == "desync.report").then(
             pl.col("message").str.extract(r"Timeout at collective: (\w+)")

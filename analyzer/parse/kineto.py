@@ -28,8 +28,8 @@ def parse_kineto(item: InputFile) -> pl.DataFrame:
     with item.open_bytes() as fh:
         kept, meta = read_kineto(fh)
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    rank = _int_or_none(info.get("rank"))
-    world = _int_or_none(info.get("world_size"))
+    rank = _info_rank(info.get("rank"))
+    world = _info_rank(info.get("world_size"))
     unit = pl.lit(0, dtype=pl.Int64).alias("unit")
     gpu = kept.filter(pl.col("kind").is_in(["kernel", "memcpy", "memset"])).with_columns(unit)
     device = gpu.get_column("device").drop_nulls().mode().sort().head(1).to_list() if gpu.height else []
@@ -59,7 +59,7 @@ def parse_kineto(item: InputFile) -> pl.DataFrame:
     )
 
 
-def _int_or_none(value: Any) -> int | None:
+def _info_rank(value: Any) -> int | None:
     """A rank or world size from distributedInfo; past any real job (or not a number) it is None."""
     return rank_number(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 

@@ -59,7 +59,8 @@ def memory_snapshot_events(item: InputFile) -> pl.DataFrame | None:
     return snapshot_events(doc, file=item.path, rank=item.rank_hint)
 
 
-def _size(n: float | None) -> str:
+def byte_size(n: float | None) -> str:
+    """How an allocator's byte count is written in a summary: `1.50 GiB`, `512 B`; unknown is `?`."""
     if n is None:
         return "?"
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -68,11 +69,10 @@ def _size(n: float | None) -> str:
     return f"{int(n)} B"
 
 
-def _int(value: Any) -> int:
-    """A byte count or device number; anything else (past int64, a list, NaN) counts as 0."""
-    if isinstance(value, float):
-        return int(value) if value.is_integer() and abs(value) < 2**63 else 0
-    return (int64(value) or 0) if isinstance(value, int) else 0
+def _snapshot_int(value: Any) -> int:
+    """A byte count or device number of the snapshot: a number within int64 (`bounds.int64`); anything
+    else (past int64, NaN, a list, a string: the allocator writes numbers) counts as 0."""
+    return (int64(value) or 0) if isinstance(value, int | float) else 0
 
 
 def _name(value: Any) -> str:
@@ -87,17 +87,17 @@ def segments_frame(doc: Mapping) -> pl.DataFrame:
         if not isinstance(seg, Mapping):
             continue
         blocks = [b for b in seg.get("blocks") or [] if isinstance(b, Mapping)]
-        free = [_int(b.get("size")) for b in blocks if b.get("state") not in _LIVE_STATES]
-        live = sum(_int(b.get("size")) for b in blocks if b.get("state") in _LIVE_STATES)
-        total = _int(seg.get("total_size"))
-        allocated = _int(seg.get("allocated_size")) if "allocated_size" in seg else live
+        free = [_snapshot_int(b.get("size")) for b in blocks if b.get("state") not in _LIVE_STATES]
+        live = sum(_snapshot_int(b.get("size")) for b in blocks if b.get("state") in _LIVE_STATES)
+        total = _snapshot_int(seg.get("total_size"))
+        allocated = _snapshot_int(seg.get("allocated_size")) if "allocated_size" in seg else live
         rows.append(
             {
-                "device": _int(seg.get("device")),
+                "device": _snapshot_int(seg.get("device")),
                 "total": total,
-                "allocated": _int(allocated),  # a sum of int64 sizes may pass int64: then it is no figure
-                "free": _int(max(total - allocated, 0)),
-                "largest_free": _int(max(free, default=max(total - allocated, 0) if not blocks else 0)),
+                "allocated": _snapshot_int(allocated),  # a sum of int64 sizes may pass int64: then it is no figure
+                "free": _snapshot_int(max(total - allocated, 0)),
+                "largest_free": _snapshot_int(max(free, default=max(total - allocated, 0) if not blocks else 0)),
                 "expandable": bool(seg.get("is_expandable")),
             }
         )
@@ -113,8 +113,8 @@ def actions_frame(doc: Mapping) -> pl.DataFrame:
             if isinstance(entry, Mapping):
                 devices.append(device)
                 actions.append(_name(entry.get("action")))
-                sizes.append(_int(entry.get("size")))
-                free.append(_int(entry.get("device_free")) if "device_free" in entry else None)
+                sizes.append(_snapshot_int(entry.get("size")))
+                free.append(_snapshot_int(entry.get("device_free")) if "device_free" in entry else None)
     return pl.DataFrame(
         {"device": devices, "action": actions, "size": sizes, "device_free": free},
         schema={"device": pl.Int64, "action": pl.String, "size": pl.Int64, "device_free": pl.Int64},
@@ -149,8 +149,8 @@ def snapshot_events(doc: Mapping, *, file: str, rank: int | None) -> pl.DataFram
         records.append(_device_record(row, file=file, rank=rank))
     for row in actions.filter(pl.col("action") == "oom").head(MAX_OOM_EVENTS).iter_rows(named=True):
         message = (
-            f"GPU {row['device']}: allocation of {_size(row['size'])} failed (out of memory)"
-            + (f" with {_size(row['device_free'])} free on the device" if row["device_free"] is not None else "")
+            f"GPU {row['device']}: allocation of {byte_size(row['size'])} failed (out of memory)"
+            + (f" with {byte_size(row['device_free'])} free on the device" if row["device_free"] is not None else "")
         )
         records.append(
             {
@@ -169,10 +169,10 @@ def _device_record(row: dict, *, file: str, rank: int | None) -> dict:
     reserved = figures["reserved"]
     figures["fragmentation"] = round(figures["stranded"] / reserved, 4) if reserved else 0.0
     message = (
-        f"GPU {row['device']} memory snapshot: {_size(reserved)} reserved in {figures['segments']} segments, "
-        f"{_size(figures['allocated'])} allocated; {_size(figures['stranded'])} free inside "
+        f"GPU {row['device']} memory snapshot: {byte_size(reserved)} reserved in {figures['segments']} segments, "
+        f"{byte_size(figures['allocated'])} allocated; {byte_size(figures['stranded'])} free inside "
         f"{figures['partial_segments']} partly used segments ({figures['fragmentation']:.0%} of reserved), largest free "
-        f"block {_size(figures['largest_free'])}; history: {figures['segment_allocs']} segment allocations, "
+        f"block {byte_size(figures['largest_free'])}; history: {figures['segment_allocs']} segment allocations, "
         f"{figures['segment_frees']} releases ({figures['segment_reallocs']} re-allocations after a release), {figures['ooms']} OOM"
     )
     return {

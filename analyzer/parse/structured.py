@@ -11,11 +11,11 @@ from datetime import datetime, timezone
 
 import polars as pl
 
+from analyzer.bounds import int64
 from analyzer.io import InputFile
 from analyzer.events import events_from_records
 
 MAX_ERROR_JSON_BYTES = 16 << 20
-_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 class ErrorJsonError(ValueError):
@@ -42,7 +42,8 @@ def parse_error_json(item: InputFile) -> pl.DataFrame:
         extra = message.get("extraInfo") if isinstance(message.get("extraInfo"), dict) else {}
         callstack = extra.get("py_callstack")
         timestamp = extra.get("timestamp", timestamp)
-        exitcode = _int64(message.get("errorCode"))
+        code = message.get("errorCode")
+        exitcode = int64(code) if isinstance(code, int) else None  # a JSON integer, not a numeric string
         text = str(message.get("message", ""))
     else:
         text = str(message)
@@ -69,12 +70,6 @@ def parse_error_json(item: InputFile) -> pl.DataFrame:
             }
         ]
     )
-
-
-def _int64(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value if _INT64[0] <= value <= _INT64[1] else None
 
 
 def _epoch_seconds(value: object) -> datetime | None:
