@@ -14,6 +14,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
+from analyzer.ranks import ranks_label
 
 _MEMBER = r"GLOBAL_RANK: (\d+), MEMBER: \d+/(\d+)"
 MAX_EVIDENCE = 8
@@ -41,16 +42,9 @@ def duplicate_global_ranks(events: pl.DataFrame, job: JobContext) -> pl.DataFram
         ranks=missing,
         confidence=0.6,
         summary=(
-            f"global rank{'s' if len(dup) > 1 else ''} {_ranks(dup)} of a {world}-process world {'were' if len(dup) > 1 else 'was'} "
-            f"announced by more than one process and rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} by none: "
+            f"global {ranks_label(dup)} of a {world}-process world {'were' if len(dup) > 1 else 'was'} "
+            f"announced by more than one process and {ranks_label(missing)} by none: "
             "the nodes took the same node rank, so the ranks above them never join"
         ),
         evidence=members.sort("event_id").get_column("event_id").head(MAX_EVIDENCE).to_list(),
     )])
-
-
-def _ranks(ranks: list[int]) -> str:
-    """`4-7` for a run, else `1, 3, 5` (the first eight)."""
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")

@@ -13,6 +13,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
+from analyzer.ranks import ranks_label
 
 # Native symbols (gdb, py-spy --native) and Python functions of the store's blocking reads.
 _STORE_READ = (
@@ -31,7 +32,7 @@ def stack_store_wait(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
         return findings_frame([])
     first = waiting.row(0, named=True)
     ranks = waiting.get_column("rank").drop_nulls().unique().sort().to_list()
-    who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:8]))}" if ranks else first["file"]
+    who = ranks_label(ranks) if ranks else first["file"]
     return findings_frame([finding(
         "stack-waits-on-rendezvous-store",
         ranks=ranks,

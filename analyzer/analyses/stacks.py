@@ -24,7 +24,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
-from analyzer.ranks import format_ranks
+from analyzer.ranks import ranks_label
 
 RULE = "hang-rank-stuck-outside-collective"
 MAX_EVIDENCE = 40
@@ -309,7 +309,7 @@ def _members_label(cluster: dict) -> str:
     ranks, pids = cluster["ranks"], cluster["pids"]
     parts = []
     if ranks:
-        parts.append(("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks))
+        parts.append(ranks_label(ranks))
     if pids:
         parts.append(("pid " if len(pids) == 1 else "pids ") + ",".join(map(str, pids[:8])) + ("..." if len(pids) > 8 else ""))
     return " + ".join(parts) or "?"

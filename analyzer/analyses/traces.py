@@ -30,7 +30,8 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
-from analyzer.ranks import format_ranks
+from analyzer.parse.memsnapshot import byte_size
+from analyzer.ranks import ranks_label
 
 # A straggler must cost the others at least this much per step (absolute and relative to the step):
 # below it, launch jitter and the rank that prints the log line look like "stragglers".
@@ -72,16 +73,8 @@ def _ms(us: float) -> str:
     return f"{us / 1000:.1f} ms"
 
 
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
-
-
 def _who(ranks: list[int], inferred: bool) -> str:
-    label = ("rank " if len(ranks) == 1 else "ranks ") + format_ranks(ranks)
-    return label + (" (GPU index; no rank in the trace)" if inferred else "")
+    return ranks_label(ranks) + (" (GPU index; no rank in the trace)" if inferred else "")
 
 
 def rank_table(events: pl.DataFrame) -> pl.DataFrame:
@@ -404,16 +397,16 @@ def memory_fragmentation(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     for row in snapshots.iter_rows(named=True):  # one row per GPU of each fragmented snapshot
         unallocated = row["reserved"] - row["allocated"]
         summary = (
-            f"GPU {row['device']} ({row['file']}): {_size(row['stranded'])} free inside {row['partial_segments']} partly used "
-            f"allocator segments, {row['fragmentation']:.0%} of the {_size(row['reserved'])} reserved; the largest free block "
-            f"is {_size(row['largest_free'])}"
+            f"GPU {row['device']} ({row['file']}): {byte_size(row['stranded'])} free inside {row['partial_segments']} partly used "
+            f"allocator segments, {row['fragmentation']:.0%} of the {byte_size(row['reserved'])} reserved; the largest free block "
+            f"is {byte_size(row['largest_free'])}"
         )
         request = row["oom_request"]
         evidence = [row["event_id"]]
         fits_if_contiguous = bool(row["ooms"]) and request is not None and row["largest_free"] < request <= unallocated
         if fits_if_contiguous:
             summary += (
-                f"; the {_size(request)} request that ran out of memory would have fitted in the {_size(unallocated)} "
+                f"; the {byte_size(request)} request that ran out of memory would have fitted in the {byte_size(unallocated)} "
                 "reserved but unallocated, had it been contiguous"
             )
             same = ooms.filter((pl.col("file") == row["file"]) & (pl.col("device") == row["device"]))
@@ -499,15 +492,15 @@ def oom_reserved_unallocated(events: pl.DataFrame, job: JobContext) -> pl.DataFr
     ranks = measured.get_column("rank").drop_nulls().unique().sort().to_list()
     where = f" on {_who(ranks, False)}" if ranks else ""
     summary = (
-        f"CUDA out of memory{where} with {_size(worst['unallocated'])} reserved by PyTorch but unallocated, at least the "
-        f"{_size(worst['request'])} that was requested: the free memory is split into blocks too small for the request"
+        f"CUDA out of memory{where} with {byte_size(worst['unallocated'])} reserved by PyTorch but unallocated, at least the "
+        f"{byte_size(worst['request'])} that was requested: the free memory is split into blocks too small for the request"
     )
     # A large idle share of the allocator's reserve: the model's own need cannot explain the failure. Where
     # it could (a card nearly full of live tensors, cases 022 and 148), at most 15% of the reserve was idle.
     reserved = (worst["allocated"] or 0) + worst["unallocated"]
     idle = worst["allocated"] is not None and worst["unallocated"] >= IDLE_RESERVE_SHARE * reserved
     if idle:
-        summary += f", {worst['unallocated'] / reserved:.0%} of the {_size(reserved)} PyTorch reserved"
+        summary += f", {worst['unallocated'] / reserved:.0%} of the {byte_size(reserved)} PyTorch reserved"
     return findings_frame(
         [
             finding(

@@ -30,6 +30,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
+from analyzer.ranks import ranks_label
 
 MAX_EVIDENCE = 12
 _PAIR = r"(?:^|:\s)(\d+)(?:\[[0-9a-fA-F]+\])?\s*->\s*(\d+)(?:\[[0-9a-fA-F]+\])?"
@@ -288,8 +289,8 @@ def _gdr_one_side(pairs: pl.DataFrame) -> dict | None:
         confidence=0.5,
         summary=(
             f"the same InfiniBand links use GPUDirect RDMA on the sending side and not on the receiving side "
-            f"({_links_text(recv_plain)}): the node of receiving rank{'s' if len(receivers) > 1 else ''} "
-            f"{', '.join(map(str, receivers[:6]))} stages every transfer through host memory"
+            f"({_links_text(recv_plain)}): the node of receiving {ranks_label(receivers)} "
+            "stages every transfer through host memory"
         ),
         evidence=recv_plain.get_column("event_id").head(4).to_list() + sent.get_column("event_id").head(2).to_list(),
     )

@@ -15,6 +15,7 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
+from analyzer.ranks import ranks_label
 
 _TIMED_OUT = (r"\bretrieving ncclUniqueId from \[(\d+)\] via c10d key-value store by key '[^']*', "
               r"but store->get\('[^']*'\) got error: (?:Socket Timeout|[Tt]imeout|[Ww]ait timeout|timed out)")
@@ -34,7 +35,7 @@ def unique_id_store_timeout(events: pl.DataFrame, job: JobContext) -> pl.DataFra
     roots = sorted(set(hits.get_column("root").drop_nulls().to_list()))
     waiting = sorted(set(hits.get_column("rank").drop_nulls().to_list()))
     hosts = [job.rank_hosts[r] for r in roots if r in job.rank_hosts]
-    who = f" (rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting[:8]))} waiting)" if waiting else ""
+    who = f" ({ranks_label(waiting)} waiting)" if waiting else ""
     return findings_frame([finding(
         "nccl-unique-id-store-get-timeout",
         ranks=roots,

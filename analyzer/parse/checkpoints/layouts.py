@@ -25,6 +25,7 @@ from analyzer.bounds import MAX_WORLD_SIZE, int64, rank_number
 from analyzer.parse.checkpoints.contents import EPOCH_KEYS, STEP_KEYS, TENSOR, summarize
 from analyzer.parse.checkpoints.files import CRC_BYTES_PER_FILE, ZIP_MAGIC, FileAudit, audit_file, sniff
 from analyzer.parse.checkpoints.symbolic import Opaque, read_pickle_symbolically
+from analyzer.ranks import ranks_label
 
 CHECKPOINT_SCHEMA: dict[str, pl.DataType] = {
     "path": pl.String,  # relative to the job root ("../x" next to it); --checkpoint paths as given
@@ -250,8 +251,7 @@ def dcp_record(display: str, directory: Path, files: list[str]) -> dict:
     problems = []
     if missing:
         problems.append(f"{len(missing)} of {len(need)} shard files listed in .metadata are missing: "
-                        f"{', '.join(missing[:5])}" + (f" (rank{'s' if len(ranks) > 1 else ''} "
-                                                         f"{', '.join(map(str, ranks[:8]))})" if ranks else ""))
+                        f"{', '.join(missing[:5])}" + (f" ({ranks_label(ranks)})" if ranks else ""))
     if short:
         problems.append(f"{len(short)} shard file(s) shorter than .metadata says: "
                         + ", ".join(f"{f} ({present[f]} of {need[f]} bytes)" for f in short[:5]))
