@@ -9,6 +9,11 @@
 - a public function or class is defined in one module (`format_ranks` lives in `analyzer.ranks`,
   not in detect with analyses reaching for it): a second definition of a name is a twin, unless
   `HOMONYMS` says why the two are different things;
+- a helper is not named for the integer it returns (`_int`, `_int64`, `_int_or_none`): five such helpers
+  were twins of `bounds.int64` or of one another, and the name hid which; one that does another job
+  says which (`_snapshot_int`, `_message_int`);
+- no module but `analyzer.ranks` chooses between "rank" and "ranks" by a count: `ranks_label` is the
+  one way a set of ranks is named in prose (`format_ranks` the one way it is listed);
 - no import inside a function dodges a circle: a lazy import of a module that, through module-level
   imports and detect's analysis registry (`analysis.load_all` imports every module of
   `analyzer.analyses`), reaches the importer back is a circle hidden from the import graph.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 from analyzer.categories import CATEGORIES
@@ -40,6 +46,10 @@ HOMONYMS = {
     "classify": "sniff's format of a file, parse's kind of a line and timeline_marks' class of an event",
     "rank_from_name": "Flight Recorder's dump names and py-spy's, whose trailing digits may be a pid",
 }
+# A helper named for the integer it returns, whatever it does to get it.
+INT_HELPER = re.compile(r"_(?:int|int64|integer)(?:_or_none)?")
+RANK_WORDS = {"rank", "rank ", "ranks", "ranks "}
+RANKS_MODULE = "analyzer/ranks.py"
 # A registry that imports the modules of a package when it is called: (registry, package).
 REGISTRIES = (("analyzer.analyses", "analyzer.analyses."),)
 
@@ -99,6 +109,34 @@ def public_definitions(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
                 found.setdefault(node.name, []).append(where)
     return {name: where for name, where in found.items() if len(where) > 1}
+
+
+def int_helpers(trees: dict[str, ast.Module]) -> list[str]:
+    """'module:line name' of every function, at any depth, named `_int` or the like (INT_HELPER)."""
+    return [f"{where}:{node.lineno} {node.name}" for where, tree in trees.items() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and INT_HELPER.fullmatch(node.name)]
+
+
+def _words(node: ast.IfExp) -> set[object]:
+    return {b.value for b in (node.body, node.orelse) if isinstance(b, ast.Constant) and isinstance(b.value, str)}
+
+
+def hand_written_rank_labels(trees: dict[str, ast.Module]) -> list[str]:
+    """'module:line' of each "rank"/"ranks" chosen by a conditional outside `analyzer.ranks`: a conditional
+    between the two words, or one (`'s' if ...`) right after an f-string's literal ending in "rank"."""
+    found = []
+    for where, tree in trees.items():
+        if where == RANKS_MODULE:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.IfExp) and _words(node) & RANK_WORDS:
+                found.append(f"{where}:{node.lineno}")
+            elif isinstance(node, ast.JoinedStr):
+                for before, value in zip(node.values, node.values[1:]):
+                    if (isinstance(before, ast.Constant) and str(before.value).endswith("rank")
+                            and isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.IfExp)):
+                        found.append(f"{where}:{node.lineno}")
+    return sorted(found)
 
 
 def _imported(node: ast.AST, known: set[str]) -> set[str]:
@@ -170,6 +208,14 @@ def test_the_checks_find_what_they_look_for():
               "analyzer/analyses/hang.py": ast.parse("def label(r):\n    from analyzer.detect import format_ranks\n"),
               "analyzer/analyses/stacks.py": ast.parse("def later():\n    from analyzer.analyses.hang import label\n")}
     assert hidden_circles(dodged) == ["analyzer.analyses.hang:2 -> analyzer.detect"]
+    helpers = {"analyzer/a.py": ast.parse("def _int(v): pass\ndef outer():\n    def _int64_or_none(v): pass\n"
+                                          "def _message_int(p): pass\ndef _int_column(v): pass\n")}
+    assert int_helpers(helpers) == ["analyzer/a.py:1 _int", "analyzer/a.py:3 _int64_or_none"]
+    labels = {"analyzer/a.py": ast.parse("a = ('rank ' if len(r) == 1 else 'ranks ') + format_ranks(r)\n"
+                                         "b = f\"rank{'s' if len(r) > 1 else ''} {r}\"\n"
+                                         "c = f\"{'were' if len(r) > 1 else 'was'} {ranks_label(r)}\"\n"),
+              RANKS_MODULE: ast.parse("d = 'rank ' if len(r) == 1 else 'ranks '\n")}
+    assert hand_written_rank_labels(labels) == ["analyzer/a.py:1", "analyzer/a.py:2"]
 
 
 def test_the_exit_contract_is_defined_once_in_the_library():
@@ -190,5 +236,14 @@ def test_a_public_name_is_defined_once():
     assert set(HOMONYMS) - set(twice) == set()  # a homonym gone leaves the list
 
 
+def test_no_helper_is_named_for_the_integer_it_returns():
+    assert int_helpers(modules()) == []
+
+
+def test_ranks_are_named_in_prose_by_ranks_label_alone():
+    assert hand_written_rank_labels(modules()) == []
+
+
 def test_no_function_local_import_hides_a_circle():
     assert hidden_circles(modules()) == []
+
