@@ -139,6 +139,31 @@ def test_a_glued_progress_bar_is_the_bar_printers_not_the_glued_lines_rank(tmp_p
     assert found["hang-busy-rank-while-others-wait"]["ranks"] == [0]
 
 
+# --- a divergence needs a rank whose position differs from the waiting ranks' ---------------------
+
+
+def _nranks(n: int) -> list[str]:
+    return [f"node1:100{r}:100{r} [{r}] NCCL INFO comm 0x5555 rank {r} nranks {n} cudaDev {r} busId {r}0000 - Init COMPLETE"
+            for r in range(n)]
+
+
+def test_every_rank_of_a_stated_job_waiting_in_one_collective_is_no_divergence(tmp_path):
+    """Both ranks of a 2-rank job wait in the same ALLREDUCE #30 of the same size: no rank is elsewhere."""
+    _, found, _ = _run(tmp_path, *_nranks(2), _v2(0, 30, numel=4096), _v2(1, 30, numel=4096))
+    assert DIVERGED not in found
+
+
+def test_two_ranks_in_one_collective_of_different_sizes_diverged(tmp_path):
+    """Same job, same ALLREDUCE #30, but rank 1 passes another size: its position differs."""
+    _, found, _ = _run(tmp_path, *_nranks(2), _v2(0, 30, numel=4096), _v2(1, 30, numel=1049600))
+    assert found[DIVERGED]["summary"].startswith("ranks 0-1 timed out mid-run in ALLREDUCE #30")
+
+
+def test_a_stated_rank_with_no_timeout_line_is_elsewhere(tmp_path):
+    _, found, _ = _run(tmp_path, *_nranks(2), _v2(0, 30, numel=4096))
+    assert DIVERGED in found
+
+
 # --- process groups: only the default group's rank is a global rank ------------------------------
 
 

@@ -98,33 +98,15 @@ def hang_heuristics(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     if unplaced is not None:
         return findings_frame([unplaced])
     if stuck["op"] is not None:
-        return _data_collective_finding(stuck, op_name, world, inferred, silent, waiting, who, op, evidence)
+        return _data_collective_finding(stuck, op_name, timeouts, world, inferred, silent, waiting, who, op, evidence)
     return findings_frame([])
 
 
-def _data_collective_finding(stuck: dict, op_name: str | None, world: list[int], inferred: bool,
+def _data_collective_finding(stuck: dict, op_name: str | None, timeouts: pl.DataFrame, world: list[int], inferred: bool,
                              silent: list[int], waiting: set[int], who: str, op: str, evidence: list) -> pl.DataFrame:
-    """A data collective (not a barrier) timed out mid-run: a divergence, unless what the logs show says
-    a single rank waited for its own work or a short timeout outran a legitimately slow peer."""
-    if len(world) == 1 and not inferred:
-        # A job of one rank (stated so) cannot diverge from itself: its collective waited for the
-        # rank's own earlier GPU work, and the timeout finding says so without naming a mismatch.
-        return findings_frame([])
-    if stuck["numel_in"] is None and op_name in BARRIER_OPS and silent:
-        # Size unknown (a pre-2.0 watchdog line) while a rank of the job left no timeout line: the
-        # others may be waiting in a barrier for it, and the progress matrix names it as absent.
-        # Calling this a divergence would send the reader to the waiting ranks' code.
-        return findings_frame([])
-    if stuck["numel_in"] is None and stuck["seq"] is None and inferred and silent:
-        # A pre-2.0 line without size or sequence number, and no other rank of the job logged: nothing
-        # says the collective is mid-run or that the sequences differ; one rank's long wait (a peer
-        # still busy past the timeout) reads the same. The timeout finding stands alone.
-        return findings_frame([])
-    if inferred and set(world) <= waiting and (stuck.get("timeout_ms") or _SHORT_TIMEOUT_MS) < _SHORT_TIMEOUT_MS:
-        # The only ranks the logs show are the ones that timed out, under a timeout configured far
-        # below torch's defaults (10-30 min): no other rank's position says the sequences differ, and a
-        # legitimately slow collective (a large gather, a peer saving or evaluating) outlasts such a
-        # timeout. The timeout finding stands alone.
+    """A data collective (not a barrier) timed out mid-run: a divergence, when some rank's position
+    differs from the waiting ranks' (`_rank_elsewhere`). Otherwise the timeout finding stands alone."""
+    if not _rank_elsewhere(stuck, op_name, timeouts, world, inferred, silent, waiting):
         return findings_frame([])
     return findings_frame([finding(
         "hang-data-collective-diverged",
@@ -132,6 +114,44 @@ def _data_collective_finding(stuck: dict, op_name: str | None, world: list[int],
         summary=f"{who} timed out mid-run in {op} (numel {stuck['numel_in']}); no rank logged an error",
         evidence=evidence,
     )])
+
+
+def _rank_elsewhere(stuck: dict, op_name: str | None, timeouts: pl.DataFrame, world: list[int], inferred: bool,
+                    silent: list[int], waiting: set[int]) -> bool:
+    """Whether a rank's position differs from the waiting ranks': a divergence needs one.
+
+    A rank is elsewhere when its own lines place it there (progress evidence, a watchdog status or
+    Flight Recorder entries, but no timeout in the stuck collective; or a timeout in the same
+    collective, process group and sequence number, of another op or size), or when it is a rank of the
+    job that left no line. Where every rank the logs show waits in the collective, only a rank beyond
+    them can be elsewhere: none where the job's size is stated (the collective itself is stuck; a job
+    of one rank has no other rank at all).
+
+    A rank that is merely late, still busy before the same collective, is not elsewhere; the timeout
+    and absence findings speak for it. A rank that left no line may be late for a collective that may
+    be a barrier (its size unknown, an all-reduce: ranks wait in barriers for one rank's own work, and
+    the progress matrix names that rank absent) or, in an excerpt (the job's size inferred), for one
+    that nothing places (no sequence number, no size). A rank beyond those shown may be late where the
+    timeout was configured below torch's defaults (10-30 min): a peer that is only slow outlasts it.
+    """
+    if len(world) == 1 and not inferred:
+        return False  # a job of one rank (stated so): its collective waited for the rank's own GPU work
+    size_unknown = stuck["numel_in"] is None
+    maybe_late = (size_unknown and op_name in BARRIER_OPS) or (size_unknown and stuck["seq"] is None and inferred)
+    if silent:
+        return not maybe_late
+    if set(world) - waiting or _positions_differ(timeouts):
+        return True
+    return inferred and (stuck.get("timeout_ms") or _SHORT_TIMEOUT_MS) >= _SHORT_TIMEOUT_MS
+
+
+def _positions_differ(timeouts: pl.DataFrame) -> bool:
+    """Two ranks timed out in the same collective (process group, sequence number) of different ops or
+    sizes: each rank's shape of it is its op and the size its lines state."""
+    placed = timeouts.filter(pl.col("rank").is_not_null() & pl.col("seq").is_not_null() & pl.col("op").is_not_null())
+    per_rank = placed.group_by("pg", "seq", "rank").agg(pl.col("op").first(), pl.col("numel_in").max())
+    shapes = per_rank.group_by("pg", "seq").agg(pl.struct("op", "numel_in").n_unique().alias("shapes"))
+    return bool((shapes.get_column("shapes") > 1).any())
 
 
 @register("horovod_stall")
