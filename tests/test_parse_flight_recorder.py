@@ -13,7 +13,8 @@ import pytest
 
 from analyzer.io import InputFile, discover
 from analyzer.events import EVENT_COLUMNS, EVENT_SCHEMA
-from analyzer.parse.flight_recorder import ENTRIES_KEPT_PER_PG, flight_recorder_events, parse_flight_recorder, rank_from_name
+from analyzer.io.sniff import rank_from_name
+from analyzer.parse.flight_recorder import ENTRIES_KEPT_PER_PG, flight_recorder_events, parse_flight_recorder
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FR_DIR = SHARED / "formats-samples" / "flight-recorder"
@@ -282,7 +283,7 @@ def test_malformed_entries_do_not_abort_the_file():
     ],
 )
 def test_rank_from_file_name(path, rank):
-    assert rank_from_name(path) == rank
+    assert rank_from_name(path, digits=True) == rank
 
 
 def test_rank_hint_wins_and_missing_rank_is_partial():

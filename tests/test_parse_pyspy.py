@@ -10,7 +10,8 @@ import pytest
 
 from analyzer.io import InputFile, discover
 from analyzer.events import EVENT_COLUMNS, EVENT_SCHEMA
-from analyzer.parse.pyspy import parse_pyspy_json, parse_pyspy_text, rank_from_name
+from analyzer.io.sniff import rank_from_name
+from analyzer.parse.pyspy import parse_pyspy_json, parse_pyspy_text
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 PYSPY_DIR = SHARED / "formats-samples" / "py-spy"
@@ -146,8 +147,11 @@ def test_rank_attribution_ignores_pid_file_names():
     item = _item("pyspy/whatever.txt", text)
     item.rank_hint = 12
     assert _threads(_parse(item)).get_column("rank").to_list() == [12]
-    assert rank_from_name("rank5/py-spy.txt") == 5
-    assert rank_from_name("pid_2179.txt") is None
+    assert rank_from_name("rank5/py-spy.txt", directories=True, digits=True) == 5
+    assert rank_from_name("rank5/py-spy.txt") is None  # a file name alone (discovery's hint) says nothing
+    assert rank_from_name("pid_2179.txt", directories=True, digits=True) is None
+    assert rank_from_name("pyspy/2179.txt", directories=True, digits=True, pids={2179}) is None
+    assert rank_from_name("pyspy/node3_7.txt", directories=True, digits=True, pids={2179}) == 7
 
 
 # --- JSON corners ----------------------------------------------------------------------------------

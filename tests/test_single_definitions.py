@@ -44,7 +44,6 @@ HOMONYMS = {
     "findings_frame": "detect's findings frame and the fleet's table of findings over many jobs",
     "rows_frame": "Flight Recorder event columns and the fleet's job rows",
     "classify": "sniff's format of a file, parse's kind of a line and timeline_marks' class of an event",
-    "rank_from_name": "Flight Recorder's dump names and py-spy's, whose trailing digits may be a pid",
 }
 # A helper named for the integer it returns, whatever it does to get it.
 INT_HELPER = re.compile(r"_(?:int|int64|integer)(?:_or_none)?")
@@ -247,3 +246,58 @@ def test_ranks_are_named_in_prose_by_ranks_label_alone():
 def test_no_function_local_import_hides_a_circle():
     assert hidden_circles(modules()) == []
 
+
+# --- one directory walker, one rank-from-name (issue 16) -------------------------------------------
+
+WALK_MODULE = "analyzer/io/walk.py"
+# Calls that list a directory tree. Modules other than the walk's that call one, each with why it is
+# no second walker of a job's files.
+LISTING_CALLS = {"scandir", "walk", "rglob", "listdir", "iterdir"}
+LISTING_ELSEWHERE = {
+    "analyzer/capture/processes.py": "os.listdir of /proc on a live node: the processes, not a job's files",
+    "analyzer/fleet/store.py": "rglob of the analyzer's own package: the code hash of the engine identity",
+    "analyzer/parse/checkpoints/layouts.py": "rglob of one interrupted save's staging directory, named by the audit",
+}
+RANK_NAME_MODULE = "analyzer/io/sniff.py"
+
+
+def listing_calls(trees: dict[str, ast.Module]) -> list[str]:
+    """'module:line call' of every call of a directory-listing function (`os.scandir(...)`, `p.rglob(...)`)."""
+    found = []
+    for where, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+                if name in LISTING_CALLS and not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                                                  and func.value.id == "ast"):
+                    found.append(f"{where}:{node.lineno} {name}")
+    return found
+
+
+def rank_name_patterns(trees: dict[str, ast.Module]) -> list[str]:
+    """'module:line' of every string constant holding the rank-in-a-file-name regex (`rank[_\\-.]?(\\d+)`)."""
+    return [f"{where}:{node.lineno}" for where, tree in trees.items() for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "rank[_" in node.value and r"(\d+)" in node.value]
+
+
+def test_the_walker_checks_find_a_second_walker_and_a_second_rank_pattern():
+    trees = {"analyzer/x.py": ast.parse("import os\nfor e in os.scandir(p): pass\nq.rglob('*')\nRANK = r'rank[_\\-.]?(\\d+)'\n"
+                                        "def rank_from_name(path): pass\n")}
+    assert listing_calls(trees) == ["analyzer/x.py:2 scandir", "analyzer/x.py:3 rglob"]
+    assert rank_name_patterns(trees) == ["analyzer/x.py:4"]
+
+
+def test_one_directory_walker():
+    calls = [c for c in listing_calls(modules()) if c.split(":")[0] not in {WALK_MODULE, *LISTING_ELSEWHERE}]
+    assert calls == [], "a directory listing outside analyzer/io/walk.py: walk with analyzer.io.walk.Walk instead"
+    assert any(c.startswith(WALK_MODULE) for c in listing_calls(modules()))
+
+
+def test_one_rank_from_name():
+    trees = modules()
+    assert [w for w in public_definitions(trees).get("rank_from_name", [])] == []
+    defined = [where for where, tree in trees.items() for node in tree.body
+               if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "rank_from_name"]
+    assert defined == [RANK_NAME_MODULE]
+    assert [p.split(":")[0] for p in rank_name_patterns(trees)] == [RANK_NAME_MODULE]

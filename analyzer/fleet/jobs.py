@@ -1,8 +1,8 @@
 """Batch (which directories are jobs): decided by what the files hold, not by there being files.
 
-A job is the directory that holds the logs of one run. Each ROOT is walked top-down (`walk.Walk`:
-iterative, depth-capped, symlinks never followed, names starting with `.` skipped), and the
-first rule that holds decides:
+A job is the directory that holds the logs of one run. Each ROOT is walked top-down with discovery's
+walk (`analyzer.io.walk.Walk`: iterative, depth-capped, symlinks never followed; here names starting
+with `.` are skipped), and the first rule that holds decides:
 
 1. a ROOT that is a file (a log, a `.gz`, a `.tar`) is one job;
 2. a directory whose own files include a training log or dump is a job, with everything below it.
@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from analyzer.fleet import ScanError
-from analyzer.fleet.walk import Walk
+from analyzer.io.walk import Walk, list_level
 
 RULE_FILE_ROOT = "a ROOT that is a file"
 RULE_LOGS = "directories holding training logs or dumps"
@@ -120,7 +120,7 @@ def _search(root: Path, excluded: set[str], search: JobSearch) -> None:
             search.nested[job] = nested
         level.dirs.clear()  # everything below a job belongs to it
     search.too_deep += len(walk.too_deep)
-    search.unlistable.extend(walk.unlistable)
+    search.unlistable.extend(os.path.join(root, rel) if rel else str(root) for rel, _ in walk.unlistable)
 
 
 def _job_rule(files: list[os.DirEntry], dirs: list[os.DirEntry], excluded: set[str],
@@ -147,24 +147,15 @@ def _nested_jobs(dirs: list[os.DirEntry], excluded: set[str]) -> list[str]:
     for directory in dirs[:MAX_NESTED_CHECKED]:
         if _ATTEMPT_DIR.fullmatch(directory.name):
             continue  # a torchrun attempt is part of its run, not a run of its own
-        try:
-            with os.scandir(directory.path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue
-        files = [e for e in entries if not e.name.startswith(".") and (e.is_symlink() or e.is_file(follow_symlinks=False))]
-        subdirs = [e for e in entries if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
-        if _job_rule(files, subdirs, excluded, None) is not None:
+        level = list_level(directory.path, skip_hidden=True)
+        if level is not None and _job_rule(level.files, level.dirs, excluded, None) is not None:
             found.append(directory.name)
     return found
 
 
 def _is_torchrun_run_dir(path: str) -> bool:
-    try:
-        with os.scandir(path) as it:
-            return any(_ATTEMPT_DIR.fullmatch(e.name) and e.is_dir(follow_symlinks=False) for e in it)
-    except OSError:
-        return False
+    level = list_level(path)
+    return level is not None and any(_ATTEMPT_DIR.fullmatch(d.name) for d in level.dirs)
 
 
 def holds_training_log(path: str) -> bool:

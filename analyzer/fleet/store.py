@@ -27,7 +27,7 @@ from pathlib import Path
 
 from analyzer import __version__
 from analyzer.fleet import ScanError
-from analyzer.fleet.walk import Walk
+from analyzer.io.walk import Walk
 
 STORE_FORMAT = "2"  # 1 was a JSON file written once at the end of a scan
 

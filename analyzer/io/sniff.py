@@ -3,15 +3,16 @@
 `classify` sets `InputFile.format` (or skips the input with the reason: binary, source code, a
 checkpoint the audit reads) from the head read while walking; only a JSON document is read whole
 to tell its kind. `apply_layout_hints` records what the path says of the rank (torchrun's
-`attempt_N/<local_rank>/`, `rank<N>` in a name) for correlate.
+`attempt_N/<local_rank>/`, `rank<N>` in a name) for correlate. `rank_from_name` is the one reading
+of a rank from a path, which the dump parsers (Flight Recorder, py-spy, gdb) use too.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Collection
+from pathlib import PurePosixPath
 
 from analyzer.bounds import rank_number
 from analyzer.io.inputs import InputFile
@@ -98,7 +99,9 @@ _NCCL_TESTS_LITERALS = (b"(elements)", b"Avg bus bandwidth", b"bytes", b"count",
 # The CUDA samples' peer-to-peer tests (p2pBandwidthLatencyTest, simpleP2P): their name line, read by
 # analyzer/parse/p2ptest.py and as text too.
 _P2P_TEST = re.compile(rb"(?m)^\[(?:P2P \(Peer-to-Peer\) GPU Bandwidth Latency Test|[^\]\n]*simpleP2P)\]")
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)(?:\D|$)", re.IGNORECASE)
+_RANK_WORD = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
+_TRAILING_DIGITS = re.compile(r"(\d+)$")
+_NAME_SUFFIX = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,7}$")  # `.pkl`, `.gz`, `.txt`: not `.3`
 # A run of NULs inside text is crash padding (blocks allocated but never written before the host
 # died); scattered NULs are binary structure.
 _NUL_RUN = re.compile(rb"\x00{16,}")
@@ -218,6 +221,27 @@ def apply_layout_hints(item: InputFile) -> None:
         # A huge rank directory is no hint (bounds.rank_number: None).
         item.local_rank_hint = rank_number(match.group(1))
         return
-    name_match = _RANK_IN_NAME.search(Path(member_path).name)
-    if name_match:
-        item.rank_hint = rank_number(name_match.group(1))
+    item.rank_hint = rank_from_name(member_path)
+
+
+def rank_from_name(path: str, *, directories: bool = False, digits: bool = False, pids: Collection[int] = ()) -> int | None:
+    """The rank a path names: the last `rank<N>` word of its file name (host prefixes come first:
+    `node12_nccl_trace_rank_3`); with `directories`, else that of the nearest directory with one
+    (`rank5/py-spy.txt`); with `digits`, else the trailing digits of the name without its suffixes
+    (`trace_7.pkl.gz`), unless the name says they are a pid or they are one of `pids` (`py-spy dump
+    --pid 2179 > 2179.txt`). An archive member's path counts from the member (`job.tar!rank3.log`)."""
+    parts = PurePosixPath(path.split("!")[-1]).parts
+    for part in reversed(parts if directories else parts[-1:]):
+        words = _RANK_WORD.findall(part)
+        if words:
+            return rank_number(words[-1])
+    if not digits or not parts:
+        return None
+    stem = parts[-1]
+    for _ in range(3):  # `x_rank0.pkl.gz`
+        stem = _NAME_SUFFIX.sub("", stem)
+    match = _TRAILING_DIGITS.search(stem)
+    if match is None or "pid" in stem.lower():
+        return None
+    rank = rank_number(match.group(1))
+    return None if rank in pids else rank

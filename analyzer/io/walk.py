@@ -7,7 +7,8 @@ reads the likeliest evidence first (grammars/input_priority.toml). Each file is 
 
 `discover_job` hands on the inputs and the `Listing` of what the walk found on disk (directories,
 files, links): the checkpoint audit reads that listing, so the job is walked once and nothing
-outside it is looked at. `list_path` lists a `--checkpoint` path with the same walk.
+outside it is looked at. `list_path` lists a `--checkpoint` path with the same walk. `Walk` is the
+one directory walk of the package, which the batch scan (`analyzer.fleet`) walks its roots with too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from analyzer.io.archives import MAX_FILES, HeldBudget, stdin_inputs, unpack
 from analyzer.io.inputs import SNIFF_BYTES, STDIN, DiscoveryError, InputFile, display_name
-from analyzer.io.sniff import apply_layout_hints, classify
+from analyzer.io.sniff import PICKLE_PROTOCOL_2_PLUS, apply_layout_hints, classify
 from analyzer.resources import data_dir
 
 MAX_LISTED = 1_000_000  # directory entries listed; the file cap chooses among them
@@ -130,26 +131,15 @@ def _walk(root: Path, budget: HeldBudget, tree: _TreeBuilder) -> Iterator[InputF
 
 
 def _list_tree(root: Path, tree: _TreeBuilder) -> Iterator[InputFile]:
-    """Add every directory and non-directory under `root` to `tree` (relative paths), walking
-    iteratively so any depth costs no stack; yields the rows for what the walk does not enter and why."""
+    """Add every directory and non-directory under `root` to `tree` (relative paths); yields the
+    rows for what the walk does not enter and why."""
     files = tree.files
-    stack = [("", 0)]
-    while stack:
-        rel_dir, depth = stack.pop()
-        try:
-            with os.scandir(root / rel_dir if rel_dir else root) as listing:
-                entries = sorted(listing, key=lambda e: e.name)
-        except OSError as exc:
-            yield InputFile(display_name(rel_dir or str(root)) + "/", format="directory", status="error",
-                            reason=f"cannot list directory: {exc.strerror or exc}")
-            continue
-        tree.dirs.append(rel_dir)
-        subdirs = []
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            if _is_real_dir(entry):
-                subdirs.append(rel)
-            elif entry.is_symlink() and os.path.isdir(entry.path):
+    walk = Walk(root)
+    for level in walk:
+        tree.dirs.append(level.rel)
+        for entry in level.entries:
+            rel = f"{level.rel}/{entry.name}" if level.rel else entry.name
+            if entry.is_symlink() and os.path.isdir(entry.path):
                 yield InputFile(display_name(rel), status="skipped", reason="symlink to a directory; not followed")
             elif len(files) < MAX_LISTED:
                 files.append(rel)
@@ -157,13 +147,78 @@ def _list_tree(root: Path, tree: _TreeBuilder) -> Iterator[InputFile]:
             else:
                 yield InputFile(display_name(rel), status="skipped", capped=True,
                                 reason=f"listing cap {MAX_LISTED} reached: the rest of the tree not listed")
-                return
-        if depth >= MAX_DEPTH:
-            for rel in subdirs:
-                yield InputFile(display_name(rel) + "/", format="directory", status="skipped", capped=True,
-                                reason=f"directory nesting deeper than {MAX_DEPTH} levels: not read")
+                break
         else:
-            stack.extend((rel, depth + 1) for rel in reversed(subdirs))
+            continue
+        break  # the listing cap: nothing more is listed
+    for rel, exc in walk.unlistable:
+        yield InputFile(display_name(rel or str(root)) + "/", format="directory", status="error",
+                        reason=f"cannot list directory: {exc.strerror or exc}")
+    for rel in walk.too_deep:
+        yield InputFile(display_name(rel) + "/", format="directory", status="skipped", capped=True,
+                        reason=f"directory nesting deeper than {MAX_DEPTH} levels: not read")
+
+
+@dataclass
+class Level:
+    """One directory of a `Walk`: its entries sorted by name, nothing followed or opened."""
+
+    path: str  # the root joined with `rel` (the root itself for the root)
+    rel: str  # relative to the root; "" for the root
+    depth: int  # 0 for the root
+    entries: list[os.DirEntry]  # everything that is not a real directory: files, links, special files
+    dirs: list[os.DirEntry]  # real directories (not links to one); prune in place to skip their trees
+
+    @property
+    def files(self) -> list[os.DirEntry]:
+        """The regular files and the links (never followed): what a batch scan looks at."""
+        return [e for e in self.entries if e.is_symlink() or _is_regular(e)]
+
+
+@dataclass
+class Walk:
+    """The one directory walk: `os.walk(topdown=True, followlinks=False)` without recursion (any depth
+    costs a list, not the interpreter's stack), directories top-down, names sorted. Directories deeper
+    than `max_depth` below the root are not entered (`too_deep`), nor those that cannot be listed
+    (`unlistable`, with the error); both relative to the root. Like `os.walk`, the consumer may prune
+    `Level.dirs` in place to stop the descent below a directory."""
+
+    root: str | os.PathLike[str]
+    max_depth: int = MAX_DEPTH
+    skip_hidden: bool = False  # names starting with "." (a `.trash/`, an editor's swap file)
+    too_deep: list[str] = field(default_factory=list)
+    unlistable: list[tuple[str, OSError]] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Level]:
+        root = os.fspath(self.root)
+        stack: list[tuple[str, int]] = [("", 0)]
+        while stack:
+            rel, depth = stack.pop()
+            level = self._level(os.path.join(root, rel) if rel else root, rel, depth)
+            if level is None:
+                continue
+            yield level
+            subdirs = [f"{rel}/{d.name}" if rel else d.name for d in level.dirs]
+            if subdirs and depth >= self.max_depth:
+                self.too_deep.extend(subdirs)
+                continue
+            stack.extend((sub, depth + 1) for sub in reversed(subdirs))
+
+    def _level(self, path: str, rel: str, depth: int) -> Level | None:
+        try:
+            with os.scandir(path) as listing:
+                entries = sorted((e for e in listing if not (self.skip_hidden and e.name.startswith("."))),
+                                 key=lambda e: e.name)
+        except OSError as exc:
+            self.unlistable.append((rel, exc))
+            return None
+        dirs = [e for e in entries if _is_real_dir(e)]
+        return Level(path, rel, depth, [e for e in entries if not _is_real_dir(e)], dirs)
+
+
+def list_level(path: str | os.PathLike[str], *, skip_hidden: bool = False) -> Level | None:
+    """The entries of one directory, as the walk lists them; None when it cannot be listed."""
+    return next(iter(Walk(path, max_depth=0, skip_hidden=skip_hidden)), None)
 
 
 def _note_kind(entry: os.DirEntry, rel: str, tree: _TreeBuilder) -> None:
@@ -182,6 +237,13 @@ def _is_real_dir(entry: os.DirEntry) -> bool:
         return entry.is_dir(follow_symlinks=False)
     except OSError:
         return False  # vanished or unreadable: _expand says which
+
+
+def _is_regular(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_file(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def _by_priority(root: Path, files: list[str]) -> tuple[list[str], list[str]]:
@@ -219,35 +281,15 @@ def _priority_patterns() -> tuple[re.Pattern[bytes], re.Pattern[str]]:
 def _expand(full: Path, rel: str, real_root: Path, budget: HeldBudget) -> Iterator[InputFile]:
     item = InputFile(rel, _disk_path=full)
     try:
-        if full.is_symlink():
-            try:
-                target = full.resolve(strict=True)
-            except FileNotFoundError:
-                item.skip("dangling symlink: its target does not exist")
-                yield item
-                return
-            except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop before Python 3.13
-                if isinstance(exc, RuntimeError) or exc.errno == errno.ELOOP:
-                    item.skip("symlink loop; not followed")
-                else:
-                    item.skip(f"unreadable symlink: {exc.strerror or exc}", status="error")
-                yield item
-                return
-            if not target.is_relative_to(real_root):
-                item.skip("symlink points outside the job directory; not followed")
-                yield item
-                return
-            if not target.is_file():
-                item.skip("symlink to something that is not a regular file")
-                yield item
-                return
-        if not full.is_file():
-            item.skip("not a regular file")
+        size = _regular_size(full, real_root, item)  # one lstat (and one stat through a link)
+        if size is None:
             yield item
             return
-        item.size = full.stat().st_size
+        item.size = size
         with open(full, "rb") as fh:
-            magic = fh.read(SNIFF_BYTES)
+            magic = fh.read(PICKLE_HEAD_BYTES)
+            if not (magic.startswith(PICKLE_PROTOCOL_2_PLUS) and len(magic) == PICKLE_HEAD_BYTES):
+                magic += fh.read(SNIFF_BYTES - len(magic))
     except OSError as exc:
         item.skip(f"unreadable: {exc.strerror or exc}", status="error")
         yield item
@@ -258,3 +300,45 @@ def _expand(full: Path, rel: str, real_root: Path, budget: HeldBudget) -> Iterat
         yield item
         return
     yield from unpack(item, magic, 0, budget)
+
+
+# A pickle's format is settled by its first bytes: every check of a head that opens with the pickle
+# protocol (archive and codec magic, tar's header, the checkpoint signatures) reads its first 512
+# bytes, so a job of 16k Flight Recorder dumps reads 4 KiB of each, not SNIFF_BYTES, to classify it.
+PICKLE_HEAD_BYTES = 4 << 10
+_NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # what Path.is_file() reads as "not a file"
+
+
+def _regular_size(full: Path, real_root: Path, item: InputFile) -> int | None:
+    """The size of a regular file, or of the regular file a link inside the job points to; None
+    (with `item` skipped and why) for anything else."""
+    try:
+        st = os.lstat(full)
+    except OSError as exc:
+        if exc.errno not in _NOT_THERE:
+            raise
+        item.skip("not a regular file")
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = full.resolve(strict=True)
+        except FileNotFoundError:
+            item.skip("dangling symlink: its target does not exist")
+            return None
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop before Python 3.13
+            if isinstance(exc, RuntimeError) or exc.errno == errno.ELOOP:
+                item.skip("symlink loop; not followed")
+            else:
+                item.skip(f"unreadable symlink: {exc.strerror or exc}", status="error")
+            return None
+        if not target.is_relative_to(real_root):
+            item.skip("symlink points outside the job directory; not followed")
+            return None
+        st = os.stat(full)
+        if not stat.S_ISREG(st.st_mode):
+            item.skip("symlink to something that is not a regular file")
+            return None
+    elif not stat.S_ISREG(st.st_mode):
+        item.skip("not a regular file")
+        return None
+    return st.st_size

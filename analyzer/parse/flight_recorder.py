@@ -24,16 +24,16 @@ import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 import polars as pl
 
-from analyzer.bounds import INT64_MAX, INT64_MIN, bounded_str, int64, rank_number
+from analyzer.bounds import INT64_MAX, INT64_MIN, bounded_str, int64
 from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import EVENT_SCHEMA, UTC_TS, empty_events
 from analyzer.io.budget import address_space
 from analyzer.io.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
+from analyzer.io.sniff import rank_from_name
 from analyzer.parse.fr_groups import field_text, pg_members, pg_rank_of, pg_sort_key, ranks_text
 
 MAX_DUMP_BYTES = 256 << 20  # real dumps are a few MB; building one must also fit the parse budget
@@ -77,9 +77,6 @@ OP_NAMES: dict[str, str] = {
 P2P_OPS = frozenset({"SEND", "RECV", "RECVANYSOURCE"})
 
 _P2P_PEERS = re.compile(r"^(?:send|recv)\s+(\d+)\s*(?:->|<-)\s*(\d+)")
-_RANK_WORD = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
-_TRAILING_DIGITS = re.compile(r"(\d+)$")
-_DUMP_SUFFIXES = (".gz", ".pkl", ".pickle", ".json", ".pt", ".bin", ".txt")
 # The PyTorch FR tutorial prints "JSON" with a Python tuple for process_group; accept that spelling.
 _TUPLE_VALUE = re.compile(r'("process_group"\s*:\s*)\(([^()]*)\)')
 
@@ -104,7 +101,7 @@ def parse_flight_recorder(item: InputFile, doc: object | None = None, total_entr
 def flight_recorder_rows(item: InputFile, doc: object | None = None, total_entries: int | None = None) -> tuple[DumpRows | None, dict]:
     """`parse_flight_recorder` with the events left as column lists (None: no events, see `info`),
     for a caller that builds one frame for many dumps (`rows_frame`)."""
-    rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path)
+    rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path, digits=True)
     info: dict[str, Any] = {"status": "error", "reason": "", "rank": rank, "ranks": [], "entries": 0}
     try:
         if item.size > MAX_DUMP_BYTES:  # refused before reading: a sparse file of holes costs nothing
@@ -130,23 +127,6 @@ def flight_recorder_rows(item: InputFile, doc: object | None = None, total_entri
         info["status"] = "partial"
         info["reason"] = "; ".join(filter(None, [info["reason"], "rank unknown: the file name carries no rank number"]))
     return rows, info
-
-
-def rank_from_name(path: str) -> int | None:
-    """Global rank from a dump's file name: prefix + rank (`nccl_trace_rank_3`, `node12_..._rank_3`)."""
-    name = PurePosixPath(path.split("!")[-1]).name
-    stem = name
-    for _ in range(3):  # `x_rank0.pkl.gz`
-        lowered = stem.lower()
-        suffix = next((s for s in _DUMP_SUFFIXES if lowered.endswith(s)), None)
-        if suffix is None:
-            break
-        stem = stem[: -len(suffix)]
-    words = _RANK_WORD.findall(stem)
-    if words:
-        return rank_number(words[-1])  # host prefixes come first (`node12_nccl_trace_rank_3`): the last one is the rank
-    match = _TRAILING_DIGITS.search(stem)
-    return rank_number(match.group(1)) if match else None
 
 
 def decode_dump(data: bytes, fmt: str = "") -> object:

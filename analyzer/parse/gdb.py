@@ -23,7 +23,8 @@ import polars as pl
 from analyzer.bounds import int64
 from analyzer.events import EVENT_SCHEMA, empty_events
 from analyzer.io import DecompressionLimit, InputFile
-from analyzer.parse.pyspy import MAX_DUMP_BYTES, MAX_FRAMES, MAX_LINE_CHARS, rank_from_name
+from analyzer.io.sniff import rank_from_name
+from analyzer.parse.pyspy import MAX_DUMP_BYTES, MAX_FRAMES, MAX_LINE_CHARS
 
 _FRAME = re.compile(r"^#(\d+)\s+(?:0x[0-9a-fA-F]+ in )?(.*)$")
 _THREAD = re.compile(r"^Thread (\d+) \((?:Thread 0x[0-9a-fA-F]+ )?(?:\(LWP (\d+)\))?[^\"]*(?:\"([^\"]*)\")?\)?:?\s*$")
@@ -130,7 +131,7 @@ def _strip_parenthesised_tail(text: str) -> str:
 
 
 def _events(threads: list[dict[str, Any]], item: InputFile) -> pl.DataFrame:
-    rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path)
+    rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path, directories=True, digits=True)
     n = len(threads)
     columns = {
         "file": [item.path] * n,

@@ -19,8 +19,9 @@ from typing import Any
 
 import polars as pl
 
-from analyzer.bounds import bounded_str, cap_text, int64, rank_number
+from analyzer.bounds import bounded_str, cap_text, int64
 from analyzer.io import DecompressionLimit, InputFile
+from analyzer.io.sniff import rank_from_name
 from analyzer.events import EVENT_SCHEMA, empty_events
 
 MAX_DUMP_BYTES = 64 << 20
@@ -36,8 +37,6 @@ _PARENT = re.compile(r"^Parent Process (\d+): ?(.*)$")
 _THREAD = re.compile(r'^Thread (0[xX][0-9a-fA-F]+|\d+) \(([^)]*)\)(?:: "(.*)")?\s*$')
 _LOCALS_LINE = re.compile(r"^ {8}")
 _ERROR = re.compile(r"^(?:Error: |Permission Denied|Failed to )")
-_RANK_WORD = re.compile(r"(?:^|[^a-z])rank[_\-.]?(\d+)", re.IGNORECASE)
-_TRAILING_DIGITS = re.compile(r"(\d+)$")
 _ADDRESS = re.compile(r"^0[xX][0-9a-fA-F]+$")
 
 
@@ -77,24 +76,6 @@ def parse_pyspy_json(item: InputFile) -> pl.DataFrame:
         _mark_empty(item, text)
         return empty_events()
     return _finish(rows, item)
-
-
-def rank_from_name(path: str, pids: set[int] = frozenset()) -> int | None:
-    """Rank from a dump's path (`dump_rank3.txt`, `rank3/pyspy.txt`, `node1_pyspy_3.txt`), else None.
-
-    Trailing digits count only when they are not a pid of the dump: `py-spy dump --pid 2179 >
-    2179.txt` is common and a pid is not a rank.
-    """
-    parts = PurePosixPath(path.split("!")[-1]).parts
-    for part in reversed(parts):
-        words = _RANK_WORD.findall(part)
-        if words:
-            return rank_number(words[-1])
-    stem = PurePosixPath(parts[-1]).stem if parts else ""
-    match = _TRAILING_DIGITS.search(stem)
-    if match and "pid" not in stem.lower() and rank_number(match.group(1)) not in pids:
-        return rank_number(match.group(1))
-    return None
 
 
 # --- text ---------------------------------------------------------------------------------------
@@ -226,7 +207,8 @@ def _status(active: bool, gil: bool) -> str:
 
 def _finish(rows: list[dict[str, Any]], item: InputFile) -> pl.DataFrame:
     pids = {row["pid"] for row in rows if row["pid"] is not None}
-    rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path, pids)
+    # A dump's trailing digits may be a pid (`py-spy dump --pid 2179 > 2179.txt`): those of its own processes are not a rank.
+    rank = item.rank_hint if item.rank_hint is not None else rank_from_name(item.path, directories=True, digits=True, pids=pids)
     threads = [row.get("kind") == "stack.thread" for row in rows]
     n = len(rows)
     columns = {
