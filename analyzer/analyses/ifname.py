@@ -11,7 +11,8 @@ interface (`enp6s0` on one server, `enp4s0` on the other), not a bug of NCCL.
 
 `virtual_interface_selected`: NCCL's bootstrap or socket interface list names a container / virtual
 interface (veth, docker, a bridge, loopback), whose addresses other hosts cannot reach. Only a cause
-between hosts: on a job the logs show to run on one host (`shown_single_host`) the ranks reach each
+between hosts: on a job the logs show to run on one host (`shown_single_host`: `nNodes 1`, an nccl-tests
+device table, or every bootstrap on a loopback address with nothing failing) the ranks reach each
 other through P2P / SHM and the bootstrap's own addresses, so the list is harmless there.
 """
 
@@ -78,6 +79,12 @@ _NODES = r"\bnNodes (\d+)"
 # A connection through the network transport: the job spans hosts (or was made to use the network).
 _NET_PATH = r"via (?:NET|COLLNET)/"
 MAX_EVIDENCE = 12
+# NCCL's bootstrap interface (`Bootstrap : Using lo:127.0.0.1<0>`, `Bootstrap: Using [0]lo:127.0.0.1<0>`).
+_BOOTSTRAP = r"Bootstrap ?: ?Using\b"
+_LOOPBACK_BOOTSTRAP = r"Bootstrap ?: ?Using (?:\[\d+\])?[\w.\-]+:(?:127\.\d+\.\d+\.\d+|::1)<\d+>\s*$"
+# A job where some rank could not reach another, or NCCL failed at init or a collective timed out.
+_CONNECT_FAILURE_KINDS = ["nccl.error_raised", "nccl.last_error", "vocab.network_unreachable_or_firewall",
+                          "vocab.wrong_network_interface", "vocab.nccl_init_failure", "vocab.nccl_timeout"]
 
 
 @register("virtual_interface_selected")
@@ -107,8 +114,9 @@ def _virtual_entries(events: pl.DataFrame) -> pl.DataFrame:
 
 def shown_single_host(events: pl.DataFrame, job: JobContext) -> bool:
     """The logs state that every rank ran on one host, not merely that one host's lines were posted:
-    NCCL's `nNodes 1` or an nccl-tests device table (which lists every rank of the test), a single host
-    name in the job, no `nNodes` above 1 and no connection through NET / COLLNET."""
+    NCCL's `nNodes 1`, an nccl-tests device table (which lists every rank of the test) or bootstraps on
+    loopback only (`_bootstrap_on_loopback`), a single host name in the job, no `nNodes` above 1 and no
+    connection through NET / COLLNET."""
     hosts = set(events.get_column("host").drop_nulls().unique().to_list()) | set(job.hosts)
     if len(hosts) != 1:
         return False
@@ -116,4 +124,17 @@ def shown_single_host(events: pl.DataFrame, job: JobContext) -> bool:
     nodes = events.filter(kind == "nccl.topology").get_column("message").str.extract(_NODES, 1).cast(pl.Int64, strict=False).drop_nulls()
     if (nodes > 1).any() or events.filter((kind == "nccl.transport") & message.str.contains(_NET_PATH)).height:
         return False
-    return bool((nodes == 1).any()) or events.filter(kind == "nccltests.device").height > 0
+    return bool((nodes == 1).any()) or events.filter(kind == "nccltests.device").height > 0 or _bootstrap_on_loopback(events)
+
+
+def _bootstrap_on_loopback(events: pl.DataFrame) -> bool:
+    """Every `Bootstrap : Using` line names a loopback address and nothing failed to connect, init or
+    time out. A rank's bootstrap listens on that address and the root's is the one in the unique id
+    every rank dials: 127.x / ::1 is reachable from its own host only (`NCCL_SOCKET_IFNAME=^docker0`
+    lists `lo` first), so a job whose ranks all bootstrapped there and got on is one host's. Ranks on
+    another host would have failed to reach it, and the interface is then the cause."""
+    kind, message = pl.col("kind"), pl.col("message").fill_null("")
+    bootstrap = events.filter((kind == "nccl.net") & message.str.contains(_BOOTSTRAP)).get_column("message")
+    if bootstrap.len() == 0 or not bootstrap.str.contains(_LOOPBACK_BOOTSTRAP).all():
+        return False
+    return events.filter(kind.is_in(_CONNECT_FAILURE_KINDS) | kind.str.starts_with("watchdog.")).height == 0
