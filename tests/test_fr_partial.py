@@ -153,7 +153,7 @@ def test_side_group_widens_the_tail_to_the_groups_newest_entries():
     """In the side group one entry in four is pg 1: its newest 64 reach far past the last 64 entries."""
     spec = DumpSetSpec(world=8, entries=2000, steps=900, culprit=1, side_group=(0, 1, 2, 3))
     recent = fr_partial.decode_recent(pickle.dumps(DumpFactory(spec).dump(0), protocol=2), KEEP)
-    tail = recent.doc["entries"][fr_partial.PREFIX_ENTRIES :]
+    tail = recent.doc["entries"][recent.prefix :]
     assert sum(e["process_group"][0] == "1" for e in tail) >= KEEP
     assert len(tail) > 3 * KEEP
 
@@ -196,7 +196,7 @@ def _layout_mark(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("writer", ["torch", "python"])
-@pytest.mark.parametrize("where", [1950, 1990, 1999, 5, 31])
+@pytest.mark.parametrize("where", [1950, 1990, 1999, 5, fr_partial.PREFIX_STEPS[0] - 1])
 def test_signature_inside_a_string_where_the_cut_is_searched_falls_back(writer, where, monkeypatch):
     doc = _big(writer)
     mark = _layout_mark(_bytes(doc, writer)).decode("latin-1")
@@ -235,7 +235,7 @@ def test_a_whole_entry_inside_a_string_falls_back(writer, monkeypatch):
 @pytest.mark.parametrize("writer", ["torch", "python"])
 def test_dump_with_few_entries_is_read_in_full(writer, monkeypatch):
     doc = _big(writer)
-    doc["entries"] = doc["entries"][-(fr_partial.PREFIX_ENTRIES + KEEP) :]
+    doc["entries"] = doc["entries"][-(fr_partial.PREFIX_STEPS[0] + KEEP) :]
     doc["pg_config"]["0"]["ranks"] = str(list(range(20000)))  # big enough to be tried
     data = _bytes(doc, writer)
     assert len(data) >= fr_partial.MIN_BYTES
@@ -269,6 +269,21 @@ def test_unknown_version_falls_back(writer, version, monkeypatch):
     doc["version"] = version
     data = _bytes(doc, writer)
     assert fr_partial.decode_recent(data, KEEP) is None
+    _assert_same_as_full(data, monkeypatch)
+
+
+@pytest.mark.parametrize("writer", ["torch", "python"])
+def test_a_tail_referring_past_the_first_prefix_is_read_with_the_next(writer, monkeypatch):
+    """An op name first written after the first PREFIX_STEPS[0] entries and used again in the tail:
+    the first prefix cannot define it, the next one does (no full load)."""
+    doc = _big(writer)
+    first = fr_partial.PREFIX_STEPS[0] + 4
+    assert first < fr_partial.PREFIX_STEPS[1]
+    for index in (first, 1990):
+        doc["entries"][index]["profiling_name"] = "nccl:all_to_all"
+    data = _bytes(doc, writer)
+    recent = fr_partial.decode_recent(data, KEEP)
+    assert recent is not None and recent.prefix == fr_partial.PREFIX_STEPS[1]
     _assert_same_as_full(data, monkeypatch)
 
 

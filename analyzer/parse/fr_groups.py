@@ -50,8 +50,23 @@ def _parse_ranks(text: str) -> tuple[int, ...]:
     return tuple(r for r in (rank_number(x) for x in values[:MAX_WORLD_SIZE]) if r is not None)
 
 
-@lru_cache(maxsize=256)
+# PG rank by global rank, per member tuple. `_parse_ranks` hands every dump of a job the same tuple
+# object: found by identity first, since hashing a 16k-element tuple costs more than the rest of a
+# lookup (the tuple is held here, so its id stays its own).
+_BY_IDENTITY: dict[int, tuple[tuple[int, ...], dict[int, int]]] = {}
+
+
 def _index_map(ranks: tuple[int, ...]) -> dict[int, int]:
+    held = _BY_IDENTITY.get(id(ranks))
+    if held is None or held[0] is not ranks:
+        if len(_BY_IDENTITY) >= 256:
+            _BY_IDENTITY.clear()
+        held = _BY_IDENTITY[id(ranks)] = (ranks, _index_map_of(ranks))
+    return held[1]
+
+
+@lru_cache(maxsize=256)
+def _index_map_of(ranks: tuple[int, ...]) -> dict[int, int]:
     return {g: i for i, g in enumerate(ranks)}
 
 

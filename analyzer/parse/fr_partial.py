@@ -4,8 +4,10 @@ A full ring buffer is thousands of entries, of which `flight_recorder._recent_pe
 newest ENTRIES_KEPT_PER_PG of each process group; unpickling the rest is most of a dump's cost at
 16k ranks. Here one restricted load (`analyzer.io.safepickle`: every global refused, the same
 memory budget) reads the pickle with its middle entries cut out: the header and the first
-PREFIX_ENTRIES entries (they define the memo: keys, strings and shared frame dicts the later
-entries refer to), then the newest entries and everything after them. Entries are found by their
+entries (they define the memo: keys, strings and shared frame dicts the later entries refer to),
+then the newest entries and everything after them. The first PREFIX_STEPS[0] entries are tried
+first; a tail that refers to a memo entry they do not define (a stack or an op name first written
+later) fails that load, and the next step tries more of them. Entries are found by their
 byte signature: every entry dict of a protocol-2 dump (PyTorch's C++ pickler, or Python's) opens
 with EMPTY_DICT, an optional memo PUT, MARK and a memo GET of its first key.
 
@@ -33,7 +35,9 @@ from dataclasses import dataclass
 from analyzer.io import InputFile
 from analyzer.io.safepickle import load_bounded, restricted_unpickler
 
-PREFIX_ENTRIES = 32  # first entries decoded for the memo: a few training steps' worth
+# First entries decoded for the memo, tried in turn: the first few define what a steady training
+# loop's entries refer to; more cover a loop of many distinct collectives and stacks.
+PREFIX_STEPS = (8, 32)
 MIN_BYTES = 64 << 10  # smaller dumps hold a few hundred entries at most: the full load is cheap
 MAX_BYTES = 64 << 20  # read whole into memory (real dumps are a few MB; larger ones stream in full)
 # The FR layouts whose entries carry `record_id` and a (name, desc) `process_group`: PyTorch's `version_val`
@@ -52,6 +56,7 @@ class RecentEntries:
 
     doc: dict
     total: int
+    prefix: int  # the first entries decoded (for the memo); the rest of `doc["entries"]` is the tail
 
 
 @dataclass
@@ -83,15 +88,18 @@ def decode_recent(data: bytes, keep: int) -> RecentEntries | None:
     layout = _layout(data)
     if layout is None:
         return None
-    cut = _nth_entry(data, layout, PREFIX_ENTRIES)
     tail = _entry_from_end(data, layout, keep)
-    if cut is None or tail is None or tail <= cut:
-        return None  # too few entries to be worth cutting (or no signature where one should be)
-    result = _load_checked(data, layout, cut, tail, keep, keep, may_widen=True)
-    if isinstance(result, int):  # a group with entries cut out has too few in the tail: widen once
-        in_tail = data.count(layout.mark, result)
-        result = _load_checked(data, layout, cut, result, keep, in_tail, may_widen=False)
-    return result if isinstance(result, RecentEntries) else None
+    for prefix in PREFIX_STEPS:
+        cut = _nth_entry(data, layout, prefix)
+        if cut is None or tail is None or tail <= cut:
+            return None  # too few entries to be worth cutting (or no signature where one should be)
+        result = _load_checked(data, layout, prefix, cut, tail, keep, keep, may_widen=True)
+        if isinstance(result, int):  # a group with entries cut out has too few in the tail: widen once
+            in_tail = data.count(layout.mark, result)
+            result = _load_checked(data, layout, prefix, cut, result, keep, in_tail, may_widen=False)
+        if isinstance(result, RecentEntries):
+            return result
+    return None
 
 
 # --- locating entries ------------------------------------------------------------------------------
@@ -192,9 +200,9 @@ def _entry_before(data: bytes, layout: _Layout, offset: int) -> int | None:
 
 
 def _load_checked(
-    data: bytes, layout: _Layout, cut: int, tail: int, keep: int, in_tail: int, *, may_widen: bool
+    data: bytes, layout: _Layout, prefix: int, cut: int, tail: int, keep: int, in_tail: int, *, may_widen: bool
 ) -> RecentEntries | int | None:
-    """One restricted load of the bytes before `cut` and from `tail` on (`in_tail` signatures), and
+    """One restricted load of the bytes before `cut` (`prefix` entries) and from `tail` on (`in_tail` signatures), and
     its checks: the result when the cut is proven lossless, the offset of a wider tail when a
     process group needs more entries than the tail holds, None on anything else."""
     if tail <= cut:
@@ -210,18 +218,18 @@ def _load_checked(
     entries = doc.get("entries")
     if doc.get("version") not in KNOWN_VERSIONS or type(entries) is not list:
         return None
-    if len(entries) != PREFIX_ENTRIES + in_tail or not all(type(e) is dict for e in entries):
+    if len(entries) != prefix + in_tail or not all(type(e) is dict for e in entries):
         return None  # a signature that was no entry head, or entries that are not dicts
     ids = [e.get("record_id") for e in entries]
-    if not all(type(i) is int for i in ids) or not (_consecutive(ids[:PREFIX_ENTRIES]) and _consecutive(ids[PREFIX_ENTRIES:])):
+    if not all(type(i) is int for i in ids) or not (_consecutive(ids[:prefix]) and _consecutive(ids[prefix:])):
         return None
     total = ids[-1] - ids[0] + 1
-    groups = _groups(data, layout, unpickler, entries, total, cut, tail, keep)
+    groups = _groups(data, layout, unpickler, entries, prefix, total, cut, tail, keep)
     if groups is None:
         return None  # the cut-out entries are not all accounted for
     widen = [_entry_before(data, layout, oldest) for cut_out, kept, oldest in groups if cut_out and kept < keep]
     if not widen:
-        return RecentEntries(doc=doc, total=total)
+        return RecentEntries(doc=doc, total=total, prefix=prefix)
     if None in widen or not may_widen:
         return None  # no entry head to widen to, or already widened once
     return min(widen)
@@ -232,7 +240,7 @@ def _consecutive(ids: list[int]) -> bool:
 
 
 def _groups(
-    data: bytes, layout: _Layout, unpickler, entries: list[dict], total: int, cut: int, tail: int, keep: int
+    data: bytes, layout: _Layout, unpickler, entries: list[dict], prefix: int, total: int, cut: int, tail: int, keep: int
 ) -> list[tuple[int, int, int]] | None:
     """Per process group name of the decoded entries: (entries cut out, entries decoded in the tail,
     offset of the oldest group bytes a tail of `keep` entries of the group would need); None unless
@@ -243,7 +251,7 @@ def _groups(
     patterns = _group_patterns(data, layout, unpickler, set(groups), groups[0], cut)
     if patterns is None:
         return None
-    tail_groups = groups[PREFIX_ENTRIES:]
+    tail_groups = groups[prefix:]
     per_name: dict[str, list[int]] = {}
     counted = 0
     for group, pattern in patterns.items():
