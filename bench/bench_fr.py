@@ -12,7 +12,8 @@ one culprit that never arrived, and one other rank's dump is missing. The set is
 The analysis (`analyzer.api.analyze`, the whole pipeline and the report) runs in a fresh child
 process, whose stages are timed by wrapping the pipeline functions `analyzer.api` calls; it
 prints wall time per stage, CPU time, the peak RSS of the child and of its parse workers
-(`resource.getrusage`), and the verdict. `--pool-min` sets `analyzer.parse.POOL_MIN_DUMPS` in the
+(`resource.getrusage`), the verdict, and how many of a sample of the dumps (every 64th) the
+partial decode reads, by the prefix it took (a dump it declines is read in full). `--pool-min` sets `analyzer.parse.POOL_MIN_DUMPS` in the
 child (a huge value parses every dump in the main process: the "before" figure of parallel
 parsing). Figures are printed, never asserted; the load average is printed with them because a
 shared machine's figures mean little without it.
@@ -113,6 +114,21 @@ def _analyse(directory: Path, spec, pool_min: int | None, src: Path | None) -> N
           f"{result['events']} events")
     print(f"  verdict: {verdict['category']} culprit {verdict['culprit_ranks']} ({'right' if right else 'WRONG'}), "
           f"confidence {verdict['confidence']}: {verdict['summary'][:200]}")
+    print(f"  partial decode: {_partial_decodes(directory)}")
+
+
+def _partial_decodes(directory: Path, every: int = 64) -> str:
+    """How the partial decode reads a sample of the dumps: by the memo prefix it took, or in full."""
+    from analyzer.parse.flight_recorder import ENTRIES_KEPT_PER_PG
+    from analyzer.parse.fr_partial import decode_recent
+
+    taken: dict[str, int] = {}
+    paths = sorted(p for p in directory.iterdir() if p.name.startswith("nccl_trace_rank_"))[::every]
+    for path in paths:
+        recent = decode_recent(path.read_bytes(), ENTRIES_KEPT_PER_PG)
+        key = "full load" if recent is None else f"prefix {recent.prefix}"
+        taken[key] = taken.get(key, 0) + 1
+    return f"{len(paths)} sampled dumps (every {every}th): " + ", ".join(f"{k} {n}" for k, n in sorted(taken.items()))
 
 
 def _child(directory: Path, pool_min: int | None) -> None:
