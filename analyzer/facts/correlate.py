@@ -76,6 +76,7 @@ def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFra
     events = _plausible_ranks(events)
     events = ranks_from_labels(events)  # `Rank 3: ...` opening a line: the line's own word before its file's
     events = _apply_file_hints(events, inputs)
+    events = _ranks_from_local_ranks(events)
     events, size_conflicts = _uncorroborated_sizes(events)
     events = _ranks_from_pids(events)
     events = _ranks_from_single_rank_files(events)
@@ -191,6 +192,34 @@ def _apply_file_hints(events: pl.DataFrame, inputs: list[InputFile]) -> pl.DataF
             pl.coalesce("local_rank", "hint_local").alias("local_rank"),
         )
         .drop("hint_rank", "hint_local")
+    )
+
+
+def _ranks_from_local_ranks(events: pl.DataFrame) -> pl.DataFrame:
+    """A line that names only its local rank (torchrun's `[default1]:` tee prefix on a line printed before
+    the process group gave it a `[rank1]:` one, its `attempt_0/1/` log directory) is rank local + offset, a
+    node's ranks being its first rank plus the local rank. The offset is the one that the file's lines
+    naming both agree on; failing that, in a job of one host, the one all the job's such lines agree on
+    (the launcher's failure table, `rank : 1 (local_rank: 1)`, pairs them too). Where lines disagree (a
+    console shared by nodes) or name no pair, nothing is guessed."""
+    both = events.filter(pl.col("rank").is_not_null() & pl.col("local_rank").is_not_null())
+    if both.height == 0:
+        return events
+    offset = pl.col("rank") - pl.col("local_rank")
+    per_file = (
+        both.group_by("file").agg(offset.unique().alias("offsets"))
+        .filter(pl.col("offsets").list.len() == 1)
+        .select("file", pl.col("offsets").list.first().alias("file_offset"))
+    )
+    job_offsets = both.select(offset.unique()).to_series()
+    one_host = events.get_column("host").drop_nulls().n_unique() <= 1
+    job_offset = job_offsets.item(0) if job_offsets.len() == 1 and one_host else None
+    return (
+        events.join(per_file, on="file", how="left")
+        .with_columns(
+            pl.coalesce("rank", pl.col("local_rank") + pl.coalesce("file_offset", pl.lit(job_offset, pl.Int64))).alias("rank")
+        )
+        .drop("file_offset")
     )
 
 
