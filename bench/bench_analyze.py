@@ -15,7 +15,8 @@ MB/s, lines/s and peak RSS of `analyze` run in a child process as a user runs it
 files in the same run, bench/ceiling.py (polars alone reads, prefilters and extracts the header
 fields: the design limit), `rg -c` counting NCCL lines (1 thread) and `rg -P -o` extracting the
 fields the analyzer extracts (1 and 2 threads). The `x` columns are analyze wall / their wall
-(lower is better). Each figure is the best of --repeat runs by CPU time. Jobs are cached under
+(lower is better). `cand %` is the share of lines the prefilter keeps for classification (the
+ceiling's count): when it grows, `bench/prefilter_stats.py JOB` names the literals to blame. Each figure is the best of --repeat runs by CPU time. Jobs are cached under
 --work (default .bench/, git-ignored), so repeated runs read a warm page cache. `--cpus` pins every
 measured child (analyze, the ceiling, rg) to those CPUs (`os.sched_setaffinity` in the child before
 it starts; polars and rg size their thread pools from it), so a larger idle machine emulates the
@@ -59,7 +60,7 @@ print(json.dumps({
 """
 
 COLUMNS = ("workload", "ranks", "load", "MB", "lines", "wall s", "CPU s", "CPU s/GB", "MB/s", "Mlines/s", "peak RSS MB",
-           "verdict", "ceiling s", "ceiling CPU s/GB", "x ceiling", "rg -c s", "x rg -c", "rg -P j1 s", "x rg j1",
+           "verdict", "ceiling s", "ceiling CPU s/GB", "x ceiling", "cand %", "rg -c s", "x rg -c", "rg -P j1 s", "x rg j1",
            "rg -P j2 s", "x rg j2")
 
 
@@ -113,6 +114,7 @@ def bench_job(workload: str, ranks: int, job: Path, repeat: int, rg: str | None,
     analyze = measure([sys.executable, "-c", CHILD, str(job)], repeat, cpus)
     info = json.loads(analyze.stdout.strip().splitlines()[-1])
     ceiling = measure([sys.executable, str(ROOT / "bench" / "ceiling.py"), str(job)], repeat, cpus)
+    kept = json.loads(ceiling.stdout.strip().splitlines()[-1])
     gb, mb = size / 2**30, size / 2**20
     row = {
         "workload": workload, "ranks": ranks, "load": f"{load[0]:.1f}", "MB": f"{mb:.0f}", "lines": f"{info['lines']:,d}",
@@ -121,6 +123,7 @@ def bench_job(workload: str, ranks: int, job: Path, repeat: int, rg: str | None,
         "peak RSS MB": f"{analyze.peak_rss_mb:.0f}", "verdict": f"{info['verdict']}{info['culprits']}",
         "ceiling s": f"{ceiling.wall:.2f}", "ceiling CPU s/GB": f"{ceiling.cpu / gb:.1f}",
         "x ceiling": f"{analyze.wall / ceiling.wall:.1f}",
+        "cand %": f"{100 * kept['candidates'] / max(kept['lines'], 1):.1f}",
     }
     if rg:
         for name, ratio, cmd in (

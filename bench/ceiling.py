@@ -3,15 +3,14 @@
     python bench/ceiling.py JOB_DIR
 
 Reads every file natively (`scan_csv`, one column, no quoting: no Python decode), keeps the lines
-holding one of the parser's prefilter literals (the same `PREFILTER_LITERALS`, as one regex
-alternation) and extracts the NCCL and c10d header fields of the survivors. Prints one JSON line:
+holding one of the parser's prefilter literals (the same `PREFILTER_PATTERNS`: its literals as
+regex alternations) and extracts the NCCL and c10d header fields of the survivors. Prints one JSON line:
 lines read, candidates, seconds. `bench/bench_analyze.py` runs it next to `analyze` on each job.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analyzer.parse.logtext import PREFILTER_LITERALS  # noqa: E402
+from analyzer.parse.logtext import PREFILTER_PATTERNS, holds_any  # noqa: E402
 
 NCCL_HEADER = r"(?P<host>[\w.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:[\w/.\-]+:\d+ )?NCCL (?P<level>INFO|WARN) "
 C10D_HEADER = r"\[(?P<c_level>[IWEF])(?P<c_md>\d{4}) (?P<c_time>[\d:.]+) (?P<c_src>[\w.]+):\d+\] "
@@ -30,12 +29,11 @@ C10D_HEADER = r"\[(?P<c_level>[IWEF])(?P<c_md>\d{4}) (?P<c_time>[\d:.]+) (?P<c_s
 def ceiling(job: Path) -> dict:
     start = time.perf_counter()
     paths = sorted(str(p) for p in job.rglob("*") if p.is_file())
-    alternation = "|".join(re.escape(lit) for lit in PREFILTER_LITERALS)
     frame = pl.concat(
         [pl.scan_csv(p, has_header=False, separator="\x1f", quote_char=None, infer_schema=False,
                      new_columns=["text"], encoding="utf8-lossy", raise_if_empty=False) for p in paths]
     ).with_columns(pl.col("text").fill_null(""))
-    survivors = frame.filter(pl.col("text").str.contains(alternation)).select(
+    survivors = frame.filter(holds_any(pl.col("text"), PREFILTER_PATTERNS)).select(
         pl.col("text").str.extract_groups(NCCL_HEADER).alias("nccl"),
         pl.col("text").str.extract_groups(C10D_HEADER).alias("c10d"),
     )

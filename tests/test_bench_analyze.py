@@ -43,6 +43,16 @@ def test_in_project_nccl_generator_writes_connection_lines(tmp_path):
     assert sum(p.stat().st_size for p in files) > 1.5 * 2**20
 
 
+def test_prefilter_stats_names_who_makes_the_candidates(tmp_path):
+    from bench.prefilter_stats import stats
+
+    job = gen_nccl.generate(tmp_path / "job", 8, 1 << 20, jobs=1)
+    lines, candidates, table = stats(job)
+    assert 0 < candidates < lines
+    by_owner = {owner: (holding, alone) for owner, holding, alone in table.iter_rows()}
+    assert by_owner["nccl.transport"][0] > 0  # the per-channel connection lines
+    assert all(alone <= holding for holding, alone in by_owner.values())
+
 
 def test_cpus_pins_each_measured_child_and_refuses_cpus_this_machine_lacks():
     cpus = sorted(os.sched_getaffinity(0))

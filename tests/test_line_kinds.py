@@ -8,8 +8,8 @@ import pytest
 
 from analyzer.io import discover
 from analyzer.parse.line_kinds import LineKindError, line_kinds
-from analyzer.parse.literals import covers, required_literals
-from analyzer.parse.logtext import LINE_KINDS, PREFILTER_LITERALS, parse_text_file
+from analyzer.parse.literals import covers, is_piece, required_literals
+from analyzer.parse.logtext import LINE_KINDS, PREFILTER_LITERALS, PREFILTER_SCREENS, parse_text_file
 
 KINDS = line_kinds()
 BEFORE = "starting the training script on this node"
@@ -42,7 +42,8 @@ def test_example_is_its_kind_alone_and_mid_file(tmp_path, kind, example):
 @pytest.mark.parametrize("kind", [k for k in KINDS if not k.neighbour_only and k.family != "nccl_warn"], ids=lambda k: k.kind)
 def test_prefilter_literals_cover_the_pattern(kind):
     assert covers(kind.literals, kind.pattern)
-    assert set(kind.literals) <= set(PREFILTER_LITERALS) or kind.kind in ("train.step", "progress")
+    sampled = kind.kind in ("train.step", "progress")
+    assert set(kind.literals) <= set(PREFILTER_LITERALS) or kind.screen in PREFILTER_SCREENS or sampled
 
 
 def test_plugin_line_mid_file_is_kept(tmp_path):
@@ -78,6 +79,20 @@ def test_covers_rejects_a_literal_spanning_lowercase_variant():
     assert not covers(["ab"], r"a?b")
 
 
+@pytest.mark.parametrize("piece,pattern,expected", [
+    (r"\.py:\d+: \S", r"^(?:[A-Za-z]:)?[^\s:]*\.py:\d+: \S", True),  # a tail of the pattern
+    (r"(?:time +:|msg *:)", r"^\s*(?:time +:|msg *:)", True),  # a whole alternation
+    (r"(?P<h>\w+)=", r"^(?P<k>\w+)=(?P<h>\w+)=$", True),  # groups are numbered afresh in a piece
+    (r"\.py:\d: \S", r"^[^\s:]*\.py:\d+: \S", False),  # not the pattern's items
+    (r"time +:", r"^\s*(?:time +:|msg *:)", False),  # one alternative's items: a `msg:` line lacks it
+    (r"^\.py:", r"^\.py:\d+", False),  # an anchor asserts what surrounds the piece
+    (r"a\b", r"xa\b", False),
+    (r"(?i)ab", r"ab", False),  # other flags
+])
+def test_is_piece(piece, pattern, expected):
+    assert is_piece(piece, pattern) is expected
+
+
 BAD_ROWS = [
     ("severity = 'loud'", "severity 'loud'"),
     ("colour = 'red'", "unknown fields ['colour']"),
@@ -85,6 +100,8 @@ BAD_ROWS = [
     ("family = 'gloo'", "family 'gloo'"),
     ("collapse = '(Channel'", "collapse does not compile"),
     ("collapse = ''", "collapse must be a non-empty regex"),
+    ("screen = 'P2P plug'", "is not consecutive items of the pattern"),  # inside one alternative only
+    ("screen = '(P2P'", "screen does not compile"),
 ]
 
 

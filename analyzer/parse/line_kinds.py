@@ -4,7 +4,9 @@ A new kind of line is a row of data, not code: its regex, severity, header famil
 lines; optionally `collapse`, the part of its message that varies between lines saying one thing
 (NCCL's channel number), so that such lines are aggregated into one event. The Aho-Corasick
 prefilter literals are derived from the regex (`literals.py`) or, when a
-row declares them, checked to cover it; a row that cannot be prefiltered safely fails to load,
+row declares them, checked to cover it; a row whose literals are common in healthy logs names a
+`screen` instead, a piece of its pattern the raw line must match (`literals.is_piece` checks it is
+one); a row that cannot be prefiltered safely fails to load,
 naming the file, the kind and the field. The registry's order is the match order (first wins).
 """
 
@@ -18,14 +20,14 @@ from pathlib import Path
 
 import polars as pl
 
-from analyzer.parse.literals import covers, required_literals
+from analyzer.parse.literals import covers, is_piece, required_literals
 from analyzer.resources import data_dir
 from analyzer.severities import SEVERITIES
 
 FAMILIES = frozenset({"nccl", "nccl_warn"})
 # An NCCL WARN line is recognised by its header, whose level word is spelled `WARN` (classify._NCCL).
 FAMILY_LITERALS = {"nccl_warn": ("WARN",)}
-_KEYS = frozenset({"kind", "severity", "family", "pattern", "literals", "prefilter", "generic", "collapse", "examples"})
+_KEYS = frozenset({"kind", "severity", "family", "pattern", "literals", "prefilter", "generic", "collapse", "screen", "examples"})
 _REQUIRED = ("kind", "severity", "pattern", "examples")
 
 
@@ -48,6 +50,9 @@ class LineKind:
     # A regex over the message: the part that differs between lines of one connection (`Channel 03/1`).
     # Lines equal once it is removed are one event per writer and communicator (repeats.collapse_repeats).
     collapse: str | None = None
+    # A piece of `pattern` that a raw line must match to be a candidate, in place of `literals` in the
+    # text prefilter (they still gate the regex in classify): for kinds whose literals are common.
+    screen: str | None = None
 
 
 @cache
@@ -96,8 +101,10 @@ def _row(name: str, index: int, row: dict) -> LineKind:
         raise LineKindError(f"{where}: generic must be true or false")
     literals = _literals(where, row, family, neighbour)
     collapse = _collapse(where, row.get("collapse"))
+    screen = _screen(where, row.get("screen"), pattern, examples, neighbour)
     return LineKind(
-        row["kind"], row["severity"], pattern, family, literals, examples, neighbour, bool(row.get("generic", False)), collapse
+        row["kind"], row["severity"], pattern, family, literals, examples, neighbour, bool(row.get("generic", False)), collapse,
+        screen,
     )
 
 
@@ -108,6 +115,25 @@ def _collapse(where: str, collapse: object) -> str | None:
         raise LineKindError(f"{where}: collapse must be a non-empty regex")
     _check_compiles(where, collapse, "collapse")
     return collapse
+
+
+def _screen(where: str, screen: object, pattern: str, examples: tuple[str, ...], neighbour: bool) -> str | None:
+    if screen is None:
+        return None
+    if neighbour:
+        raise LineKindError(f"{where}: a neighbour-only kind has no screen")
+    if not isinstance(screen, str) or not screen:
+        raise LineKindError(f"{where}: screen must be a non-empty regex")
+    _check_compiles(where, screen, "screen")
+    if not is_piece(screen, pattern):
+        raise LineKindError(
+            f"{where}: screen {screen!r} is not consecutive items of the pattern free of anchors and look-arounds "
+            "(a line the pattern matches might not match it)"
+        )
+    missed = [e for e in examples if not re.search(screen, e)]
+    if missed:
+        raise LineKindError(f"{where}: screen does not match the example {missed[0]!r}")
+    return screen
 
 
 def _literals(where: str, row: dict, family: str | None, neighbour: bool) -> tuple[str, ...]:

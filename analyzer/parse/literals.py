@@ -132,3 +132,54 @@ def _covered(literals: tuple[str, ...], req: Req) -> bool:
     if tag == "all":
         return bool(body) and all(_covered(literals, child) for child in body)
     return any(_covered(literals, child) for child in body)
+
+
+# --- screens: a piece of the pattern instead of its literals ------------------------------------------
+# A kind whose literals are common in healthy logs (`.py:` is in every Python logging line, `time `
+# in every step line) would make most lines candidates. Such a kind names a *screen*: a run of
+# consecutive top-level items of its own pattern, tested on the raw line instead of its literals.
+# Every string the pattern matches holds a match of such a run (the part of the match those items
+# consume), so the screen drops no line the pattern could match, as long as the run asserts nothing
+# about what surrounds it (no anchor, look-around or back-reference).
+_CONTEXTUAL = {_c.AT, _c.ASSERT, _c.ASSERT_NOT, _c.GROUPREF, getattr(_c, "GROUPREF_EXISTS", _c.GROUPREF)}
+
+
+def is_piece(piece: str, pattern: str) -> bool:
+    """True when `piece` parses to consecutive top-level items of `pattern` (same flags) that hold no
+    anchor, look-around or back-reference: a line `pattern` matches in then holds a match of `piece`."""
+    whole, part = _parser.parse(pattern), _parser.parse(piece)
+    if whole.state.flags != part.state.flags:
+        return False
+    items, run = [_norm(i) for i in whole], [_norm(i) for i in part]
+    if not run or any(_contextual(i) for i in part):
+        return False
+    return any(items[at : at + len(run)] == run for at in range(len(items) - len(run) + 1))
+
+
+def _norm(item) -> str:
+    """An item's parse with capture-group numbers left out (a piece numbers its groups afresh)."""
+    op, av = item
+    if op is _c.SUBPATTERN:
+        return f"(sub {av[1]} {av[2]} {[_norm(i) for i in av[3]]})"
+    if op is _c.BRANCH:
+        return f"(branch {[[_norm(i) for i in alt] for alt in av[1]]})"
+    if op in _REPEATS:
+        return f"({op} {av[0]} {av[1]} {[_norm(i) for i in av[2]]})"
+    if op is getattr(_c, "ATOMIC_GROUP", None):
+        return f"(atomic {[_norm(i) for i in av]})"
+    return repr(item)
+
+
+def _contextual(item) -> bool:
+    op, av = item
+    if op in _CONTEXTUAL:
+        return True
+    if op is _c.SUBPATTERN:
+        return any(_contextual(i) for i in av[3])
+    if op is _c.BRANCH:
+        return any(_contextual(i) for alt in av[1] for i in alt)
+    if op in _REPEATS:
+        return any(_contextual(i) for i in av[2])
+    if op is getattr(_c, "ATOMIC_GROUP", None):
+        return any(_contextual(i) for i in av)
+    return False

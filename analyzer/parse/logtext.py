@@ -35,23 +35,60 @@ from analyzer.parse.vocabulary import vocabulary
 # Step and progress lines are numerous and only the first and last per file matter to the report:
 # they are sampled instead of classified.
 _SAMPLED_KINDS = ("train.step", "progress")
-# Node-state block starts and the vocabularies' literals ride on the same pass (more literals cost
-# little in Aho-Corasick).
+# Node-state block starts and the vocabularies' literals ride on the same pass. A kind with a
+# `screen` (its literals are common in healthy logs) brings the screen instead of its literals.
 PREFILTER_LITERALS: tuple[str, ...] = tuple(
     sorted(
-        {lit for k in LINE_KINDS if k.kind not in _SAMPLED_KINDS for lit in k.literals}
+        {lit for k in LINE_KINDS if k.kind not in _SAMPLED_KINDS and not k.screen for lit in k.literals}
         | set(NODE_STATE_START_LITERALS)
         | set(vocabulary().prefilter)
     )
 )
+PREFILTER_SCREENS: tuple[str, ...] = tuple(dict.fromkeys(k.screen for k in LINE_KINDS if k.screen))
 _STEP_LITERALS = tuple(sorted({lit for k in LINE_KINDS if k.kind in _SAMPLED_KINDS for lit in k.literals}))
 # Lines that may belong to a multi-line record (traceback frames and their indented source lines).
 _CONTEXT_LITERALS = ('File "', "Traceback", "    ")
-# Each set of literals is tested as one regex alternation: the regex engine's own literal search
-# runs about twice as fast here as `contains_any`'s Aho-Corasick (and finds the same lines).
-_CANDIDATE = "|".join(re.escape(lit) for lit in PREFILTER_LITERALS)
-_STEP = "|".join(re.escape(lit) for lit in _STEP_LITERALS)
-_CONTEXT = "|".join(re.escape(lit) for lit in _CONTEXT_LITERALS)
+# Each set of literals is tested as regex alternations: the regex engine's own literal search runs
+# about twice as fast here as `contains_any`'s Aho-Corasick (and finds the same lines). Its speed
+# is not smooth in the number of literals: between about 2,500 and 3,000 literals Rust's regex
+# runs a lazy DFA whose cache thrashes, 30-90x slower than below or above (measured for issue 19:
+# the prefilter grew from 2,497 to 2,716 literals and analyze tripled on the genjob workload). So a
+# literal that contains another one of the set is dropped (a line holding it holds the shorter
+# one: the same lines are candidates) and the rest is cut into alternations of at most
+# _ALTERNATION_LITERALS, each well inside the fast range.
+_ALTERNATION_LITERALS = 1000
+
+
+def minimal_literals(literals: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The literals of which no other literal of the set is a substring (a line holds one of
+    `literals` exactly when it holds one of these)."""
+    kept: list[str] = []
+    for lit in sorted(set(literals), key=lambda x: (len(x), x)):
+        if not any(shorter in lit for shorter in kept):
+            kept.append(lit)
+    return tuple(sorted(kept))
+
+
+def alternations(literals: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Regex alternations that together match a text exactly when it holds one of `literals`."""
+    lits = minimal_literals(literals)
+    return tuple(
+        "|".join(re.escape(lit) for lit in lits[at : at + _ALTERNATION_LITERALS]) for at in range(0, len(lits), _ALTERNATION_LITERALS)
+    )
+
+
+def holds_any(expr: pl.Expr, patterns: tuple[str, ...]) -> pl.Expr:
+    """`expr` matches one of `patterns` (the output of `alternations`)."""
+    flag = pl.lit(False)
+    for pattern in patterns:
+        flag = flag | expr.str.contains(pattern)
+    return flag
+
+
+_SCREENS = ("|".join(f"(?:{screen})" for screen in PREFILTER_SCREENS),) if PREFILTER_SCREENS else ()
+PREFILTER_PATTERNS = alternations(PREFILTER_LITERALS) + _SCREENS  # what makes a raw line a candidate
+_STEP = alternations(_STEP_LITERALS)
+_CONTEXT = alternations(_CONTEXT_LITERALS)
 _STEPS_KEPT_AT_END = 2
 _NEIGHBOURS_AFTER = 3  # `Last error:` and wrapped WorkNCCL records continue on the next lines
 
@@ -94,9 +131,9 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     lines = lines_frame_many([(p.text, p.item.path, p.first_line) for p in pieces])
     text = pl.col("text")
     lines = lines.with_columns(
-        text.str.contains(_CANDIDATE).alias("_cand"),
-        text.str.contains(_STEP).alias("_step"),
-        text.str.contains(_CONTEXT).alias("_ctx"),
+        holds_any(text, PREFILTER_PATTERNS).alias("_cand"),
+        holds_any(text, _STEP).alias("_step"),
+        holds_any(text, _CONTEXT).alias("_ctx"),
         text.str.contains(r"\S").alias("_nonempty"),
     )
     files = [p.item.path for p in pieces]
