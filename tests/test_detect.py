@@ -97,19 +97,6 @@ def test_an_address_in_a_message_is_no_prompt(tmp_path):
     assert analyze(tmp_path).report["verdict"]["culprit_hosts"] == []
 
 
-def test_one_unit_name_label_among_few_candidates_is_no_host(tmp_path):
-    """A launcher labels every line; one `nvidia-container-cli: ` line among a file's few candidate lines
-    is the program's name, not a host, however large its share of the candidates."""
-    (tmp_path / "kubelet.log").write_text(
-        "I0505 14:13:10.000000 33460 kubelet.go:2100] SyncLoop ADD source=api pods=[gpu-feature-discovery]\n"
-        "nvidia-container-cli: detection error: driver error: timed out: unknown\n"
-        "I0505 14:13:16.000000 33460 kubelet.go:2100] SyncLoop UPDATE source=api\n"
-    )
-    report = analyze(tmp_path).report
-    assert "nvidia-container-cli" not in report["job"]["hosts"]
-    assert report["verdict"]["category"] != "none"
-
-
 def test_a_launcher_labelling_every_line_is_trusted(tmp_path):
     (tmp_path / "pdsh.log").write_text(
         "worker-1: step 10 loss 0.5\nworker-2: step 10 loss 0.5\n"

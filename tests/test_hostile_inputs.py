@@ -672,7 +672,9 @@ def test_an_nccl_record_spliced_into_a_rank_line_keeps_its_process_not_the_rank(
     text = wrap.format(HALF_TIMEOUT, r=0) + wrap.format(WARN_3071, r=1) + REST_TIMEOUT + wrap.format(STATUS_RANK1, r=1)
     events = _interleaved_events(tmp_path, text)
     warn = events.filter(pl.col("kind") == "nccl.warn")
-    expected_ranks = {"{}": (None, None), "[default{r}]:{}": (None, 1), "{r}: {}": (1, None)}[wrap]
+    # Under torchrun's tee the record came out of local rank 1's stream, and rank 1's own line in the same
+    # file pairs local rank 1 with rank 1 (correlate's local-rank mapping): its rank is that stream's.
+    expected_ranks = {"{}": (None, None), "[default{r}]:{}": (1, 1), "{r}: {}": (1, None)}[wrap]
     assert warn.select("line", "host", "pid", "peer", "rank", "local_rank").rows() == [
         (1, "kolyoz3", 3071, WARN_PEER, *expected_ranks)
     ]

@@ -41,9 +41,6 @@ _PREFIX = (
 # carry a digit or a hyphen, and the file-level share of such lines decides whether to trust it.
 _HOST_LABEL = r"^(?P<label_host>[A-Za-z0-9][\w.\-]*[\d\-][\w.\-]*):\s"
 _HOST_LABEL_MIN_SHARE = 0.3
-# The share is counted over a file's candidate lines, so a file of few candidates could trust one
-# stray `unit.service: ` line: a launcher labels every line, so one label alone is never a launcher's.
-_HOST_LABEL_MIN_LINES = 2
 # Header words of RFC 822-style records (apt's history.log `Start-Date:` / `End-Date:`, `Content-Type:`) carry a
 # hyphen too but are no host names.
 _HEADER_WORD = r"^(?:[A-Z][a-z]+-)+[A-Z][a-z]+$"
@@ -185,8 +182,7 @@ def _peel_host_labels(frame: pl.DataFrame) -> pl.DataFrame:
     non_empty = (pl.col("body").str.len_chars() > 0).sum().over("file")
     labelled = pl.col("label_host").is_not_null().sum().over("file")
     distinct_names = pl.col("label_host").n_unique().over("file")
-    trusted = ((labelled >= non_empty * _HOST_LABEL_MIN_SHARE) & (labelled >= _HOST_LABEL_MIN_LINES)
-               & (non_empty > 0) & (distinct_names <= 4096))
+    trusted = (labelled >= non_empty * _HOST_LABEL_MIN_SHARE) & (non_empty > 0) & (distinct_names <= 4096)
     frame = frame.with_columns(pl.when(trusted).then(pl.col("label_host")).alias("label_host"))
     return frame.with_columns(
         pl.when(pl.col("label_host").is_not_null())
