@@ -256,7 +256,6 @@ LISTING_CALLS = {"scandir", "walk", "rglob", "listdir", "iterdir"}
 LISTING_ELSEWHERE = {
     "analyzer/capture/processes.py": "os.listdir of /proc on a live node: the processes, not a job's files",
     "analyzer/fleet/store.py": "rglob of the analyzer's own package: the code hash of the engine identity",
-    "analyzer/parse/checkpoints/layouts.py": "rglob of one interrupted save's staging directory, named by the audit",
 }
 RANK_NAME_MODULE = "analyzer/io/sniff.py"
 

@@ -24,6 +24,7 @@ STAGE_OF = {
     "analyzer.resources": "common",
     "analyzer.findings": "common",
     "analyzer.ranks": "common",  # how a set of ranks is written, for analyses, the report and renderers
+    "analyzer.units": "common",  # how a byte count is written, for parsers, analyses and renderers
     "analyzer.io": "io",
     "analyzer.parse": "parse",
     "analyzer.facts": "facts",

@@ -30,8 +30,8 @@ import polars as pl
 
 from analyzer.analyses import JobContext, register
 from analyzer.findings import finding, findings_frame
-from analyzer.parse.memsnapshot import byte_size
 from analyzer.ranks import ranks_label
+from analyzer.units import byte_size
 
 # A straggler must cost the others at least this much per step (absolute and relative to the step):
 # below it, launch jitter and the rank that prints the log line look like "stragglers".

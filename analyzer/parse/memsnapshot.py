@@ -28,6 +28,7 @@ from analyzer.bounds import bounded_str, cap_text, int64
 from analyzer.io import DecompressionLimit, InputFile
 from analyzer.events import empty_events, events_from_records
 from analyzer.io.safepickle import CorruptPickleError, UnsafePickleError, load_untrusted_pickle
+from analyzer.units import byte_size
 
 MAX_SNAPSHOT_BYTES = 512 << 20  # and building it must fit the parse budget (analyzer.parse.budget)
 MAX_OOM_EVENTS = 10
@@ -57,16 +58,6 @@ def memory_snapshot_events(item: InputFile) -> pl.DataFrame | None:
         return None
     item.format = "memory_snapshot"
     return snapshot_events(doc, file=item.path, rank=item.rank_hint)
-
-
-def byte_size(n: float | None) -> str:
-    """How an allocator's byte count is written in a summary: `1.50 GiB`, `512 B`; unknown is `?`."""
-    if n is None:
-        return "?"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _snapshot_int(value: Any) -> int:

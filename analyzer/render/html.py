@@ -29,10 +29,11 @@ from markupsafe import Markup
 
 from analyzer.ranks import format_ranks
 from analyzer.render import page
-from analyzer.render.tables import VARIES, HostTable, Row, cell_note, checkpoint_parts, host_table, human_size, per_rank_text
+from analyzer.render.tables import VARIES, HostTable, Row, cell_note, checkpoint_parts, host_table, per_rank_text
 from analyzer.render.timeline import FOLD_THRESHOLD, MAX_LANES, Timeline, build_timeline, step_times
 from analyzer.render.timeline_marks import CLASSES
 from analyzer.render.timeline_payload import STYLE, columns, embedded, inputs_payload, present_classes, timeline_payload
+from analyzer.units import byte_size
 
 INPUTS_INLINE = 500  # inputs listed as HTML rows; beyond, problems in HTML and all files in the payload
 EVIDENCE_SHOWN = 3  # evidence lines of a secondary finding shown before "more"
@@ -252,12 +253,17 @@ def _checkpoints(report: dict) -> dict | None:
             "rows": [_checkpoint_row(c) for c in checkpoints[:CHECKPOINTS_SHOWN]]}
 
 
+def _size_cell(size: int | None) -> str:
+    """A checkpoint's size in its table cell; a size the audit could not take is an empty cell."""
+    return "" if size is None else byte_size(size)
+
+
 def _checkpoint_row(c: dict) -> dict:
     readable, complete, resume = checkpoint_parts(c)
     return {
         "classes": " ".join(x for x in ("newest" if c.get("newest_resumable") else "", "" if c.get("readable") else "bad") if x),
         "path": c["path"], "format": c["format"], "step": c.get("step"),
-        "saved": (c.get("mtime") or "").replace("T", " ")[:19], "size": human_size(c.get("size_bytes")),
+        "saved": (c.get("mtime") or "").replace("T", " ")[:19], "size": _size_cell(c.get("size_bytes")),
         "readable": bool(c.get("readable")), "readable_text": readable, "complete": complete, "resume": resume,
         "newest": bool(c.get("newest_resumable")),
     }

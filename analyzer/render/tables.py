@@ -419,16 +419,6 @@ def _differs_note(table: HostTable, row: Row, key: str) -> str:
 # --- checkpoints ------------------------------------------------------------------------------------
 
 
-def human_size(n) -> str:
-    if n is None:
-        return ""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
 def checkpoint_parts(c: dict, *, checked_with: bool = True) -> tuple[str, str, str]:
     """(readable, complete, resume) texts of one checkpoint record, unescaped (both renderers)."""
     if c.get("readable"):

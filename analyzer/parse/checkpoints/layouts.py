@@ -22,6 +22,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.bounds import MAX_WORLD_SIZE, int64, rank_number
+from analyzer.io.walk import Walk
 from analyzer.parse.checkpoints.contents import EPOCH_KEYS, STEP_KEYS, TENSOR, summarize
 from analyzer.parse.checkpoints.files import CRC_BYTES_PER_FILE, ZIP_MAGIC, FileAudit, audit_file, sniff
 from analyzer.parse.checkpoints.symbolic import Opaque, read_pickle_symbolically
@@ -181,9 +182,16 @@ def file_record(display: str, path: Path, auditor: Auditor) -> dict | None:
     return record
 
 
+def _staged_files(directory: Path) -> list[Path]:
+    """The regular files under an interrupted save's staging directory, through the one walk (links
+    are not followed: a link's target is not part of the save)."""
+    return [Path(level.path) / entry.name for level in Walk(directory)
+            for entry in level.entries if entry.is_file(follow_symlinks=False)]
+
+
 def temporary_record(display: str, path: Path, auditor: Auditor) -> dict:
     """A leftover of an interrupted save: never resumable; its content is described when readable."""
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = _staged_files(path) if path.is_dir() else [path]
     step, epoch = step_from_name(path.name, path.parent.name)
     what = ("a staging directory the trainer renames when the save completes" if path.is_dir()
             else "a file saved under a temporary name and renamed when complete")
