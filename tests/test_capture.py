@@ -177,7 +177,7 @@ def test_a_worker_pid_or_a_pattern_selects_the_whole_job(hung_job, tmp_path):
 
 
 def test_every_capture_option_is_in_the_readme():
-    from analyzer.capture import capture
+    from analyzer.cli.capture import capture
 
     readme = (ROOT / "README.md").read_text()
     assert "postmortem capture" in readme

@@ -329,7 +329,7 @@ def test_a_worker_that_dies_costs_only_its_own_job(tmp_path):
 
 
 def test_scan_and_fleet_are_in_the_readme_with_every_option():
-    from analyzer.cli_scan import fleet_command, scan_command
+    from analyzer.cli.scan import fleet_command, scan_command
 
     readme = (ROOT / "README.md").read_text()
     for command in (scan_command, fleet_command):

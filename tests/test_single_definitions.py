@@ -300,3 +300,24 @@ def test_one_rank_from_name():
                if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "rank_from_name"]
     assert defined == [RANK_NAME_MODULE]
     assert [p.split(":")[0] for p in rank_name_patterns(trees)] == [RANK_NAME_MODULE]
+
+
+UNPICKLER_MODULE = "analyzer/io/safepickle.py"
+
+
+def unpickler_classes(trees: dict[str, ast.Module]) -> list[str]:
+    """'module:line' of every class derived from `pickle.Unpickler` (or a bare `Unpickler`)."""
+    return [f"{where}:{node.lineno}" for where, tree in trees.items() for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and any(
+                (isinstance(b, ast.Attribute) and b.attr == "Unpickler") or (isinstance(b, ast.Name) and b.id == "Unpickler")
+                for b in node.bases)]
+
+
+def test_the_unpickler_check_finds_a_second_one():
+    trees = {"analyzer/x.py": ast.parse("import pickle\nclass A(pickle.Unpickler): pass\nclass B(Unpickler): pass\nclass C: pass\n")}
+    assert unpickler_classes(trees) == ["analyzer/x.py:2", "analyzer/x.py:3"]
+
+
+def test_one_unpickler_for_untrusted_pickles():
+    # Restricted (Flight Recorder, snapshots) and symbolic (checkpoints) are two modes of one class.
+    assert [c.split(":")[0] for c in unpickler_classes(modules())] == [UNPICKLER_MODULE]

@@ -19,18 +19,18 @@ DIR what `postmortem analyze` reads:
 Every external tool runs in its own process group with a per-call timeout; on expiry the whole
 group is killed, so one wedged process (or a wedged nvidia-smi) cannot stall the capture. The
 job itself is never signalled: py-spy pauses each process briefly while it reads the stacks, and
-the Flight Recorder pipe is written only when asked. Only the standard library (and click for
-the command) is imported: this runs on a node in trouble.
+the Flight Recorder pipe is written only when asked. Only the standard library is imported (click only by the
+command, in `analyzer.cli.capture`): this runs on a node in trouble.
 
 Modules: `processes` (the /proc table), `jobs` (ranks, jobs and the selection), `tools` (external
 commands under a timeout, the node's context), `ranks` (py-spy and Flight Recorder of one rank),
-`run` (the whole capture and the `postmortem capture` command). What the pipeline reads of a
+`run` (the whole capture; the `postmortem capture` command over it is `analyzer.cli.capture`). What the pipeline reads of a
 capture is `analyzer/parse/capture_manifest.py` (the manifest) and the ordinary parsers (the dumps).
 """
 
 from analyzer.capture.jobs import build_tree, select
 from analyzer.capture.processes import Proc, scan_processes
-from analyzer.capture.run import capture, run_capture
+from analyzer.capture.run import run_capture
 from analyzer.capture.tools import find_py_spy, run_tool
 
-__all__ = ["Proc", "build_tree", "capture", "find_py_spy", "run_capture", "run_tool", "scan_processes", "select"]
+__all__ = ["Proc", "build_tree", "find_py_spy", "run_capture", "run_tool", "scan_processes", "select"]

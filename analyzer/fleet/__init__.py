@@ -7,7 +7,7 @@
 - `scan`: the scan itself and its Parquet outputs;
 - `view`: what a scan table says across jobs (read by `page_text` / `page_html`, the terminal summary and the HTML page).
 
-Nothing here imports the command line; the commands live in `analyzer.cli_scan`. The fleet's own
+Nothing here imports the command line; the commands live in `analyzer.cli.scan`. The fleet's own
 pages (`page_text`, `page_html`) build on what the renderers share (`analyzer.render.text`'s
 escaping, `analyzer.render.page`'s base template).
 """

@@ -32,8 +32,8 @@ from analyzer.io.walk import Walk
 STORE_FORMAT = "2"  # 1 was a JSON file written once at the end of a scan
 
 # Modules that never change a row: the command line, live capture, the fleet view, the renderers.
-_NOT_ROW_CODE = frozenset({"cli.py", "cli_scan.py", "fleet/view.py"})
-_NOT_ROW_DIRS = frozenset({"render", "capture", "_data"})
+_NOT_ROW_CODE = frozenset({"fleet/view.py"})
+_NOT_ROW_DIRS = frozenset({"cli", "render", "capture", "_data"})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from itertools import islice
 from typing import Any
 
 from analyzer.bounds import bounded_str, int64, rank_number
-from analyzer.parse.checkpoints.symbolic import Opaque
+from analyzer.io.safepickle import Opaque
 
 _WALK_NODES = 200_000  # nodes of one unpickled object examined for components
 _WALK_DEPTH = 6

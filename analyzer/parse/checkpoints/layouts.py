@@ -25,7 +25,8 @@ from analyzer.bounds import MAX_WORLD_SIZE, int64, rank_number
 from analyzer.io.walk import Walk
 from analyzer.parse.checkpoints.contents import EPOCH_KEYS, STEP_KEYS, TENSOR, summarize
 from analyzer.parse.checkpoints.files import CRC_BYTES_PER_FILE, ZIP_MAGIC, FileAudit, audit_file, sniff
-from analyzer.parse.checkpoints.symbolic import Opaque, read_pickle_symbolically
+from analyzer.io.safepickle import Opaque
+from analyzer.parse.checkpoints.symbolic import read_pickle_symbolically
 from analyzer.ranks import ranks_label
 
 CHECKPOINT_SCHEMA: dict[str, pl.DataType] = {

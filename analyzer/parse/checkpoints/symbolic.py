@@ -1,23 +1,21 @@
 """Stage 2, parse (checkpoints: restricted parsing): read a checkpoint's pickle without running it.
 
-Nothing in a checkpoint is ever executed. Pickles are read by a symbolic unpickler: each global a
-pickle names becomes an inert placeholder (`Opaque`) that records the name and its arguments, so
-the structure (keys, tensors, storage references) is visible without importing or calling
-anything. `classify_global` sorts every name a pickle uses: allowed (torch's weights-only set),
+Nothing in a checkpoint is ever executed. Pickles are read by io's unpickler in its symbolic mode
+(`analyzer.io.safepickle`): each global a pickle names becomes an inert placeholder (`Opaque`) that
+records the name and its arguments, so the structure (keys, tensors, storage references) is visible
+without importing or calling anything. `classify_global` sorts every name a pickle uses: allowed (torch's weights-only set),
 unsafe (code: the file is refused) or unknown (a class, read without being built).
 """
 
 from __future__ import annotations
 
 import io
-import pickle
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from analyzer.io.budget import BudgetExceeded
-from analyzer.io.safepickle import CorruptPickleError, load_bounded
+from analyzer.io.safepickle import CorruptPickleError, load_bounded, symbolic_unpickler
 
 MAX_PICKLE_BYTES = 512 << 20
 
@@ -86,83 +84,6 @@ def classify_global(qualname: str) -> str:
     return "unknown"
 
 
-# --------------------------------------------------------------------------------------------
-# Symbolic unpickling: build the structure, call nothing.
-
-
-class Opaque:
-    """Stands for an object a pickle asked a global to build; the global was never imported or called.
-
-    Subclassed once per global name (`qualname`). REDUCE/NEWOBJ record their arguments here, BUILD
-    records the state, SETITEMS/APPENDS on it (OrderedDict, defaultdict, list subclasses) record
-    the items: everything the pickle said, nothing it would have run.
-    """
-
-    __slots__ = ("args", "kwargs", "state", "items", "pairs")
-    qualname = "?"
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Opaque:
-        self = object.__new__(cls)
-        self.args, self.kwargs, self.state, self.items, self.pairs = args, kwargs, None, [], []
-        return self
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # arguments were recorded by __new__
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.pairs.append((key, value))
-
-    def append(self, value: Any) -> None:
-        self.items.append(value)
-
-    def extend(self, values: Iterable[Any]) -> None:
-        self.items.extend(values)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Opaque:
-        # A call on a placeholder (a gadget chain such as getattr(x, "y")(...)) stays symbolic.
-        return _opaque_class(self.qualname + "()")(*args, **kwargs)
-
-
-def _opaque_class(qualname: str) -> type[Opaque]:
-    return type("Opaque", (Opaque,), {"__slots__": (), "qualname": qualname})
-
-
-@dataclass(frozen=True)
-class _Ref:
-    """A persistent id: torch's pointer from the pickle to a storage record."""
-
-    pid: Any
-
-
-class _SymbolicUnpickler(pickle.Unpickler):
-    """The C unpickler with `find_class` returning placeholders and persistent ids recorded.
-
-    GLOBAL, STACK_GLOBAL, INST and the EXT opcodes all resolve names through find_class, and
-    REDUCE/NEWOBJ/OBJ can only call what find_class returned, so no object outside this module is
-    ever reached: the load builds dicts, lists, tuples, scalars and placeholders only.
-    """
-
-    def __init__(self, file: BinaryIO):
-        super().__init__(file, encoding="latin1")
-        self.globals: list[str] = []
-        self.refs: list[Any] = []
-        self._classes: dict[str, type[Opaque]] = {}
-
-    def find_class(self, module: str, name: str) -> type[Opaque]:  # noqa: D102 - see class docstring
-        qualname = f"{module}.{name}"
-        if qualname not in self._classes:
-            self.globals.append(qualname)
-            self._classes[qualname] = _opaque_class(qualname)
-        return self._classes[qualname]
-
-    def persistent_load(self, pid: Any) -> _Ref:  # noqa: D102
-        self.refs.append(pid)
-        return _Ref(pid)
-
-
 @dataclass
 class Pickled:
     obj: Any = None
@@ -217,7 +138,7 @@ def read_pickle_symbolically(source: bytes | BinaryIO, limit: int = MAX_PICKLE_B
         stream: Any = io.BytesIO(source)
     else:
         stream = _CappedReader(source, limit)
-    unpickler = _SymbolicUnpickler(stream)
+    unpickler = symbolic_unpickler(stream)
     try:
         obj = load_bounded(unpickler)  # safepickle's loading path: the same memory budget and failures
     except (CorruptPickleError, BudgetExceeded) as exc:

@@ -244,11 +244,11 @@ def _rank_spec(spec: str | None) -> list[int]:
     return sorted(set(ranks))
 
 
-from analyzer.capture import capture as _capture  # noqa: E402 - stdlib + click only; defined beside its logic
+from analyzer.cli.capture import capture as _capture  # noqa: E402 - stdlib + click + analyzer.capture only
 
 main.add_command(_capture)
 
-from analyzer.cli_scan import fleet_command, scan_command  # noqa: E402 - the batch commands, over analyzer.fleet
+from analyzer.cli.scan import fleet_command, scan_command  # noqa: E402 - the batch commands, over analyzer.fleet
 
 main.add_command(scan_command)
 main.add_command(fleet_command)
@@ -296,5 +296,3 @@ def known_issues_command(fmt: str, **versions: str | None) -> None:
                        f"\n  what to do: {row['remediation']}\n  source: {' '.join(row['sources'])}")
     sys.exit(EXIT_FAILURE_FOUND if rows else EXIT_NOTHING_FOUND)
 
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,5 @@
+"""`python -m analyzer.cli`: the `postmortem` command."""
+
+from analyzer.cli import main
+
+main()
