@@ -64,26 +64,8 @@ def test_nccl_tests_across_hosts_is_not_judged(tmp_path):
     assert "nccltests-stalled-on-one-host" not in rules_of(rep)
 
 
-def test_a_device_table_with_nothing_after_it_is_a_log_cut_short(tmp_path):
+def test_a_stall_before_the_column_header_is_not_this(tmp_path):
     rep = report(tmp_path, [HEADER, *_devices(["gpu-ws-2", "gpu-ws-2"])])
-    assert "nccltests-stalled-on-one-host" not in rules_of(rep)
-
-
-NCCL_SET_UP = ["gpu-ws-2:151:151 [0] NCCL INFO Bootstrap : Using eth0:10.2.3.32<0>",
-               "gpu-ws-2:151:151 [1] NCCL INFO Setting affinity for GPU 1 to ff00ff"]
-
-
-def test_nccl_set_up_after_the_device_table_and_then_silence_is_a_stall(tmp_path):
-    # stdout to a file is block-buffered: the column header can sit in the buffer while NCCL's own
-    # (flushed) lines are written, so the log ends in NCCL's set-up.
-    rep = report(tmp_path, [HEADER, *_devices(["gpu-ws-2", "gpu-ws-2"]), *NCCL_SET_UP])
-    assert rep["verdict"]["rule_id"] == "nccltests-stalled-on-one-host"
-    assert rep["verdict"]["culprit_hosts"] == ["gpu-ws-2"]
-    assert "no column header" in rep["verdict"]["summary"]
-
-
-def test_nccl_set_up_before_the_device_table_is_not_a_stall(tmp_path):
-    rep = report(tmp_path, [*NCCL_SET_UP, HEADER, *_devices(["gpu-ws-2", "gpu-ws-2"])])
     assert "nccltests-stalled-on-one-host" not in rules_of(rep)
 
 

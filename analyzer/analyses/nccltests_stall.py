@@ -26,9 +26,8 @@ def nccltests_stalled_on_one_host(events: pl.DataFrame, job: JobContext) -> pl.D
         return findings_frame([])
     with_rows = events.filter(pl.col("kind") == "nccltests.result").get_column("pg").unique().to_list()
     failed_files = events.filter(pl.col("severity").is_in(["error", "fatal"])).get_column("file").unique().to_list()
-    stalled = runs.join(_set_up_in_nccl(events), on="run", how="left").filter(
-        (pl.col("columns").fill_null(False) | pl.col("set_up_in_nccl").fill_null(False))
-        & ~pl.col("run").is_in(with_rows) & ~pl.col("file").is_in(failed_files)
+    stalled = runs.filter(
+        pl.col("columns").fill_null(False) & ~pl.col("run").is_in(with_rows) & ~pl.col("file").is_in(failed_files)
         & pl.col("avg_busbw").is_null() & pl.col("out_of_bounds").is_null()
         & (pl.col("nranks").fill_null(0) >= 2) & (pl.col("hosts").list.len() <= 1)
     )
@@ -37,24 +36,11 @@ def nccltests_stalled_on_one_host(events: pl.DataFrame, job: JobContext) -> pl.D
         hosts = [h for h in run["hosts"] or [] if h]
         where = f" on {hosts[0]}" if hosts else " in one process"
         gpus = ", ".join(run["gpus"] or []) or "GPUs"
-        # Without the column header the run stopped in communicator set-up or stdout held the header
-        # in its buffer (a file or pipe is block-buffered, NCCL's own lines are flushed): weaker.
-        reached = "its column header" if run["columns"] else "its device table and no column header"
         rows.append(finding(
             "nccltests-stalled-on-one-host",
-            hosts=hosts, confidence=0.45 if run["columns"] else 0.35,
-            summary=(f"{run['file']}: {run['test'] or 'the collective test'} with {run['nranks']} ranks{where} ({gpus}) printed "
-                     f"{reached}, and no result, failure or summary after it: its first collective between the GPUs never completed"),
+            hosts=hosts, confidence=0.45,
+            summary=(f"{run['file']}: {run['test'] or 'the collective test'} with {run['nranks']} ranks{where} ({gpus}) printed its "
+                     "column header and no result, failure or summary after it: its first collective between the GPUs never completed"),
             evidence=[run["event_id"]],
         ))
     return findings_frame(rows)
-
-
-def _set_up_in_nccl(events: pl.DataFrame) -> pl.DataFrame:
-    """Per run, whether NCCL printed its own lines after the device table in the same file: the run
-    went on into communicator set-up. A device table with nothing after it is a log cut short."""
-    last_device = events.filter(pl.col("kind") == "nccltests.device").group_by(pl.col("pg").alias("run")).agg(
-        pl.col("file").first(), pl.col("line").max().alias("last_device"))
-    nccl_lines = events.filter(pl.col("source") == "nccl").group_by("file").agg(pl.col("line").max().alias("last_nccl"))
-    return last_device.join(nccl_lines, on="file", how="left").select(
-        "run", (pl.col("last_nccl").fill_null(0) > pl.col("last_device")).alias("set_up_in_nccl"))
