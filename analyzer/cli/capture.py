@@ -16,6 +16,7 @@ import click
 from analyzer.capture.run import EXIT_CAPTURED, EXIT_NOTHING_CAPTURED, MANIFEST, run_capture
 from analyzer.capture.tools import DEFAULT_TIMEOUT_S
 
+
 @click.command("capture")
 @click.option("--pid", "pids", type=int, multiple=True,
               help="A pid of the job on this node: the torchrun agent or any worker (repeatable).")
