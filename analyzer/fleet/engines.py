@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 import signal
 import time
 from collections import deque
@@ -87,7 +88,7 @@ def worker_main(conn: Any, task_name: str, job_memory: int | None = None) -> Non
     _die_with_parent()
     try:
         task = _resolve(task_name)
-        import analyzer.api  # noqa: F401 - loaded before "ready", so a job's time limit is its own work
+        _import_the_pipeline()
     except Exception as exc:  # noqa: BLE001 - the scan reports it as the reason the workers cannot start
         conn.send(("broken", describe_exception(exc)))
         return
@@ -107,11 +108,33 @@ def worker_main(conn: Any, task_name: str, job_memory: int | None = None) -> Non
             conn.send(error_result(spec.job, STATUS_CRASHED, describe_exception(exc)))
 
 
+# Not loaded by a job's analysis: the command line, live capture, batch work (this worker's own part is
+# loaded), the renderers.
+_NOT_PIPELINE = ("analyzer.cli", "analyzer.__main__", "analyzer.capture", "analyzer.fleet", "analyzer.render")
+
+
+def _import_the_pipeline() -> None:
+    """Import every module a job's analysis may load lazily (the parser of each format, its grammars and
+    vocabularies) before "ready": a job's time limit and memory budget are then its own work, never
+    the loading of a module the first job of that format needs."""
+    import analyzer
+
+    packages = [(analyzer.__path__, "analyzer.")]
+    while packages:
+        path, prefix = packages.pop()
+        for module in pkgutil.iter_modules(path, prefix):
+            if module.name.startswith(_NOT_PIPELINE):
+                continue
+            loaded = importlib.import_module(module.name)
+            if module.ispkg:
+                packages.append((loaded.__path__, module.name + "."))
+
+
 def _run_within_memory(task: Task, spec: JobSpec, job_memory: int | None) -> dict:
     """`task(spec)` under the job's memory budget; past it, the job's over_memory row."""
     if job_memory is None:
         return task(spec)
-    from analyzer.io.budget import BudgetExceeded, address_space
+    from analyzer.io.budget import BudgetExceeded, address_space, is_refused_allocation
 
     import polars as pl
 
@@ -121,9 +144,10 @@ def _run_within_memory(task: Task, spec: JobSpec, job_memory: int | None) -> dic
     try:
         with address_space(job_memory):
             return task(spec)
-    # A polars allocation refused under the limit panics instead of raising MemoryError.
-    except (BudgetExceeded, MemoryError, pl.exceptions.PanicException):
-        return error_result(spec.job, STATUS_OVER_MEMORY, memory_message(job_memory))
+    except BaseException as exc:  # noqa: BLE001 - a polars allocation refused under the limit panics
+        if isinstance(exc, BudgetExceeded) or is_refused_allocation(exc):
+            return error_result(spec.job, STATUS_OVER_MEMORY, memory_message(job_memory))
+        raise
 
 
 def _die_with_parent() -> None:

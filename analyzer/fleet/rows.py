@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analyzer.fleet.store import engine_versions
+from analyzer.io.budget import budget_active, is_refused_allocation
 
 if TYPE_CHECKING:  # polars is imported where used, so that a worker starts light
     import polars as pl
@@ -158,9 +159,10 @@ def analyse_job(spec: JobSpec) -> dict:
             if spec.events_file is not None:
                 _write_events(job, analysis.events, spec.events_file)
     except BaseException as exc:  # noqa: BLE001 - a bug, or a library's panic (pyo3's PanicException is a
-        # BaseException), on one job is that job's row, not the scan's end; an interrupt still stops the scan
-        # MemoryError: the job's memory budget ran out; the engine that set it makes the row.
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
+        # BaseException), on one job is that job's row, not the scan's end; an interrupt still stops the scan.
+        # Under a job memory budget, a refused allocation is the budget's: the engine that set it makes the row.
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) or (
+                budget_active() and is_refused_allocation(exc)):
             raise
         row.update(status=STATUS_CRASHED, error=describe_exception(exc))
         findings = []
