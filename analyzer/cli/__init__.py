@@ -14,9 +14,9 @@ import traceback
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from analyzer import __version__
+from analyzer.cli.consoles import report_console
 from analyzer.outputs import check_writable
 from analyzer.exits import (
     EXIT_CANNOT_ANALYSE,
@@ -27,7 +27,6 @@ from analyzer.exits import (
 )
 
 # Piped or redirected text is read with grep and less, not a terminal: never hard-wrapped.
-PIPE_WIDTH = 4096
 _DEBUG = "postmortem.debug"
 
 
@@ -81,15 +80,6 @@ def _write(path: Path, text: str, what: str) -> None:
         path.write_text(text, encoding="utf-8", newline="\n")
     except OSError as exc:  # checked before the analysis, but a disk can fill up meanwhile
         raise CannotAnalyse(f"cannot write the {what} to {path}: {exc.strerror or exc}") from exc
-
-
-def report_console(*, to_terminal: bool | None = None) -> Console:
-    """The console `analyze` renders on: the terminal's own width and colours on a terminal; piped,
-    redirected or to a file, lines as long as they are (no hard wrap) and no colour codes."""
-    terminal = Console().is_terminal if to_terminal is None else to_terminal
-    if terminal:
-        return Console(highlight=False, emoji=False)
-    return Console(width=PIPE_WIDTH, soft_wrap=True, no_color=True, color_system=None, highlight=False, emoji=False)
 
 
 @main.command()

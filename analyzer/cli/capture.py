@@ -1,7 +1,8 @@
 """The `postmortem capture` command: a thin shell over `analyzer.capture.run_capture`.
 
-Only `analyzer.cli` imports this module (to register the command). It imports nothing beyond the
-standard library, click and `analyzer.capture`: it runs on a node in trouble.
+Only `analyzer.cli` imports this module (to register the command). Itself it imports only the standard
+library, click and `analyzer.capture`; the command runs on a node in trouble, and what it loads is
+what `postmortem` loads to start (click, rich, the exit codes), never the analysis.
 """
 
 from __future__ import annotations

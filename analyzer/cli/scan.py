@@ -14,19 +14,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from analyzer.cli.consoles import report_console
 from analyzer.exits import CannotAnalyse
 from analyzer.outputs import check_writable
-
-PIPE_WIDTH = 4096  # piped or redirected: lines as long as they are
-
-
-def summary_console() -> Console:
-    """Standard output: the terminal's width on a terminal; piped, no hard wrap and no colour codes."""
-    console = Console(highlight=False, emoji=False)
-    if console.is_terminal:
-        return console
-    return Console(width=PIPE_WIDTH, soft_wrap=True, no_color=True, color_system=None, highlight=False, emoji=False)
-
 
 def _prepare_output(path: Path, what: str) -> None:
     """Create the output's folder and fail now, before a night of work, if the file cannot be written."""
@@ -116,7 +106,7 @@ def scan_command(roots: tuple[Path, ...], out: Path, jsonl: Path | None, html_ou
     if html_out is not None:
         _write_html(view, html_out)
     if not quiet:
-        console = summary_console()
+        console = report_console()
         console.print(f"{len(search.jobs)} jobs: {result.analysed} analysed, {result.reused} reused from the store, "
                       f"in {result.seconds:.1f} s ({engine} engine); wrote {', '.join(map(str, written))}", soft_wrap=True)
         print_fleet_summary(view, console, top=top)
@@ -191,5 +181,5 @@ def fleet_command(scan_file: Path, html_out: Path | None, top: int) -> None:
     view = fleet_view(frame)
     if html_out is not None:
         _write_html(view, html_out)
-    print_fleet_summary(view, summary_console(), top=top)
+    print_fleet_summary(view, report_console(), top=top)
     sys.exit(exit_status(view))
