@@ -61,6 +61,32 @@ def vocabulary_kind() -> pl.Expr:
 
 
 def classify(lines: pl.DataFrame) -> pl.DataFrame:
+    """`lines` (distinct bodies) plus header fields, message, vocabulary hit and kind.
+
+    What a line is depends on its message and level, not on which process wrote it: NCCL's usual
+    header (`host:pid:tid [dev] NCCL INFO`) is split off and each distinct rest is classified once
+    (the same `Channel 02/0 : 3[3] -> 4[4] via P2P/IPC` from every rank is one line to classify),
+    then each line gets its own writer back."""
+    body = lines.get_column("body")
+    plain_rows = body.str.contains(_NCCL_PLAIN).arg_true()
+    head = body.gather(plain_rows).str.splitn(" ", 3).struct.unnest()
+    writer = head.get_column("field_0").str.split_exact(":", 2).struct.unnest()
+    writers = pl.DataFrame({
+        "nccl_host": writer.get_column("field_0"), "nccl_pid": writer.get_column("field_1"),
+        "nccl_tid": writer.get_column("field_2"), "nccl_dev": head.get_column("field_1").str.strip_chars("[]"),
+    })
+    key = body.scatter(plain_rows, _ANY_WRITER + head.get_column("field_2")) if plain_rows.len() else body
+    keyed = pl.DataFrame({"_key": key})
+    classified = _classify_bodies(key.unique().to_frame("body")).rename({"body": "_key"})
+    frame = pl.concat([lines, keyed.join(classified, on="_key", how="left", maintain_order="left").drop("_key")], how="horizontal")
+    own = spread([(plain_rows, writers)], body.len())
+    return frame.with_columns(pl.coalesce(own.get_column(c), pl.col(c)).alias(c) for c in own.columns)
+
+
+_ANY_WRITER = "w:0:0 [0] "  # the header classified in place of each line's own (host:pid:tid [dev])
+
+
+def _classify_bodies(lines: pl.DataFrame) -> pl.DataFrame:
     body = lines.get_column("body")
     nccl = _nccl_header(body)
     is_nccl = nccl.get_column("nccl_level").is_not_null()
