@@ -12,7 +12,12 @@ silently dropping lines mid-file.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+from collections.abc import Iterable
+from pathlib import Path
 from re import _constants as _c  # the stdlib parser's opcodes (stable since 3.11)
 from re import _parser
 
@@ -28,6 +33,50 @@ def required_literals(pattern: str) -> frozenset[str] | None:
     """A set of literals one of which every match of `pattern` contains, or None if none can be derived."""
     req = _tree(pattern)
     return None if req is None else _derive(req)
+
+
+def required_literals_of(patterns: Iterable[str]) -> dict[str, frozenset[str] | None]:
+    """`required_literals` of each pattern. Deriving them parses every regex (a second at each start
+    for the vocabularies), so the result is kept in a cache file named by a digest of this module's
+    code and the patterns: an edit to either is a new file. A cache that cannot be read or written
+    is derived again; a pattern that does not compile raises re.error as `required_literals` does."""
+    wanted = sorted(set(patterns))
+    path = _cache_path(wanted)
+    cached = _read_cache(path) if path else None
+    if cached is not None and set(cached) == set(wanted):
+        return {p: None if lits is None else frozenset(lits) for p, lits in cached.items()}
+    derived = {p: required_literals(p) for p in wanted}
+    if path:
+        _write_cache(path, {p: None if lits is None else sorted(lits) for p, lits in derived.items()})
+    return derived
+
+
+def _cache_path(patterns: list[str]) -> Path | None:
+    root = os.environ.get("POSTMORTEM_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "postmortem")
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update("\0".join(patterns).encode("utf-8", "surrogatepass"))
+    return Path(root) / f"literals-{digest.hexdigest()[:32]}.json"
+
+
+def _read_cache(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    valid = isinstance(data, dict) and all(
+        lits is None or (isinstance(lits, list) and all(isinstance(x, str) for x in lits)) for lits in data.values())
+    return data if valid else None
+
+
+def _write_cache(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(data), encoding="utf-8")
+        partial.replace(path)  # whole or absent: a reader never sees half a file
+    except OSError:
+        return  # a read-only home: derive again next time
 
 
 def covers(literals: tuple[str, ...] | list[str], pattern: str) -> bool:

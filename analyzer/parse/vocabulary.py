@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import csv
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import polars as pl
 
-from analyzer.parse.literals import required_literals
+from analyzer.parse.literals import required_literals_of
 from analyzer.resources import data_dir
 from analyzer.categories import CATEGORIES
 
@@ -57,14 +58,14 @@ def vocabulary(directory: str | None = None) -> Vocabulary:
         records.extend(_read(path))
     if not records:
         raise VocabularyError(f"{root}: no vocabulary rows found")
-    ids = [r["id"] for r in records]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    duplicates = sorted(i for i, n in Counter(r["id"] for r in records).items() if n > 1)
     if duplicates:
         raise VocabularyError(f"duplicate vocabulary ids: {duplicates[:5]}")
+    derived = _derived_literals(records)
     literal_rows: list[tuple[str, int]] = []
     for index, record in enumerate(records):
         record["row"] = index
-        lits = _prefilter(record)
+        lits = _prefilter(record, derived)
         record["rank"] = _CLASS.get(record["category"], _SPECIFIC) * 1000 - min(max(len(x) for x in lits), 999)
         literal_rows.extend((lit, index) for lit in lits)
     rows = pl.DataFrame(records, schema={**{c: pl.String for c in COLUMNS}, "file": pl.String, "row": pl.Int64, "rank": pl.Int64})
@@ -97,13 +98,24 @@ def _check_row(row: dict) -> None:
         raise VocabularyError(f"{where}: category {row['category']!r} is not a verdict category {sorted(CATEGORIES)}")
 
 
-def _prefilter(row: dict) -> tuple[str, ...]:
+def _derived_literals(records: list[dict]) -> dict[str, frozenset[str] | None]:
+    """The prefilter literals of every regex row's pattern (cached: `required_literals_of`)."""
+    regexes = [r for r in records if r["match"] == "regex"]
+    try:
+        return required_literals_of(r["pattern"] for r in regexes)
+    except re.error:
+        for row in regexes:  # name the row whose pattern does not compile
+            try:
+                re.compile(row["pattern"])
+            except re.error as exc:
+                raise VocabularyError(f"{row['file']}: row {row['id']!r}: pattern does not compile: {exc}") from exc
+        raise
+
+
+def _prefilter(row: dict, derived: dict[str, frozenset[str] | None]) -> tuple[str, ...]:
     if row["match"] == "literal":
         return (row["pattern"],)
-    try:
-        derived = required_literals(row["pattern"])
-    except re.error as exc:
-        raise VocabularyError(f"{row['file']}: row {row['id']!r}: pattern does not compile: {exc}") from exc
+    derived = derived[row["pattern"]]
     if not derived:
         raise VocabularyError(f"{row['file']}: row {row['id']!r}: no prefilter literal can be derived from the pattern; make it name a fixed text")
     return tuple(sorted(derived))
