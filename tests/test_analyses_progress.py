@@ -13,6 +13,7 @@ from analyzer.analyses.progress import (
     collective_observations,
     collective_progress,
     progress_matrix,
+    progress_table,
 )
 from analyzer.io import discover
 from analyzer.events import concat_events, events_from_records
@@ -129,6 +130,46 @@ def test_real_watchdog_log_names_rank_1():
     assert found["ranks"] == [1]
     assert "rank 1 last enqueued #1" in found["summary"] and "#2" in found["summary"]
     assert found["confidence"] >= 0.8
+
+
+def test_evidence_ids_do_not_depend_on_row_order():
+    # One rank restates "last enqueued 19" in two watchdog lines and its dump; the dump's entry and a
+    # watchdog line share seq 19. Row order (thread completion, file order) must not pick the evidence.
+    status = pl.DataFrame(
+        {"pg": ["0"] * 3, "rank": [1] * 3, "enq": [19] * 3, "done": [19] * 3, "at_seq": [None] * 3,
+         "event_id": [161, 53, 102], "src": ["watchdog", "watchdog", "fr"]},
+        schema_overrides={"at_seq": pl.Int64},
+    )
+    observations = pl.DataFrame(
+        {"pg": ["0"] * 3, "rank": [1] * 3, "seq": [18, 19, 19], "op": ["ALLREDUCE"] * 3, "state": ["completed"] * 3,
+         "start_ts": [None] * 3, "timeout_ms": [None] * 3, "event_id": [120, 140, 121], "src": ["fr", "watchdog", "fr"]},
+        schema_overrides={"start_ts": pl.Datetime("us", "UTC"), "timeout_ms": pl.Int64},
+    )
+    picks = set()
+    for seed in range(12):
+        table = progress_table(observations.sample(fraction=1.0, shuffle=True, seed=seed), status.sample(fraction=1.0, shuffle=True, seed=seed))
+        picks.add(table.select("st_eid", "last_eid").row(0))
+    assert picks == {(53, 121)}  # the earliest watchdog line over the dump's status; the earliest entry at the top seq
+
+
+def _timeouts(seqs: dict[int, int]) -> pl.DataFrame:
+    rows = [
+        {"kind": "watchdog.timeout", "rank": r, "pg": None, "seq": seq, "op": "ALLREDUCE", "numel_in": 8, "numel_out": 8,
+         "timeout_ms": 600000, "file": f"r{r}.log", "line": 1}
+        for r, seq in seqs.items()
+    ]
+    return events_from_records(rows)
+
+
+def test_ranks_timed_out_far_apart_are_not_one_group():
+    # Each rank's watchdog reports its oldest unfinished work: in one group no rank can wait more than
+    # one collective beyond another's. 20518 against 369526 is two runs or two groups, not an absentee.
+    assert _run(_timeouts({1: 369526, 4: 20518}), world_size=5).filter(pl.col("rule_id") == ABSENT).height == 0
+
+
+def test_a_rank_one_collective_behind_in_its_own_timeout_is_absent():
+    found = _one(_run(_timeouts({0: 8, 1: 8, 2: 7}), world_size=3), ABSENT)
+    assert found["ranks"] == [2]
 
 
 def test_registered():

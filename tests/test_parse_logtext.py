@@ -207,3 +207,30 @@ def test_nccl_warn_keeps_its_source_location(tmp_path):
         ("Cuda failure 999 'unknown error'", "transport/nvls.cc:223"),
         ("Cuda failure 999 'unknown error'", None),
     ]
+
+
+def test_tensorflow_glog_header_gives_level_message_and_its_own_year(tmp_path):
+    ev = parse(tmp_path, "2019-03-07 14:06:14.336218: E tensorflow/core/common_runtime/session.cc:52] Internal: building the session failed\n")
+    row = ev.row(0, named=True)
+    assert (row["kind"], row["message"], row["source"]) == ("c10d.error", "Internal: building the session failed", "c10d")
+    assert str(row["ts"]).startswith("2019-03-07 14:06:14.336218") and row["ts_source"] == "glog-dated"
+
+
+def test_xla_last_nccl_warning_quote_is_joined_over_its_wrapped_lines(tmp_path):
+    text = (
+        "E0101 10:00:00.000001    77 pjrt_client.cc:100] Execution of replica 0\n"
+        "failed: INTERNAL: NCCL operation ncclCommInitRank() failed: unhandled system error (run with\n"
+        "NCCL_DEBUG=INFO for details). Last NCCL warning(error) log entry (may be unrelated) 'Error\n"
+        "while creating shared memory segment /dev/shm/nccl-AbCdEf (size 4194304), error: No space\n"
+        "left on device (28)'.\n"
+        "I0101 10:00:01.000000    77 main.cc:1] next record\n"
+    )
+    row = parse(tmp_path, text).filter(pl.col("kind") == "nccl.last_error").row(0, named=True)
+    assert row["line"] == 3
+    assert row["detail"] == "'Error while creating shared memory segment /dev/shm/nccl-AbCdEf (size 4194304), error: No space left on device (28)'."
+
+
+def test_a_closed_last_warning_quote_takes_no_following_line(tmp_path):
+    text = "x failed: unhandled cuda error. Last NCCL warning(error) log entry (may be unrelated) 'Cuda failure 2 'out of memory''.\nI0101 10:00:01.000000    77 main.cc:1] next\n"
+    row = parse(tmp_path, text).filter(pl.col("kind") == "nccl.last_error").row(0, named=True)
+    assert row["detail"] == "'Cuda failure 2 'out of memory''."

@@ -109,6 +109,9 @@ NETWORK = [
     ("ip-10-1-2-3:1929:1937 [0] ofi_process_cq:100 NCCL WARN NET/OFI Request 0x7f0 completed with error. RC: 15. Error: 15 (Unreachable remote (never received a response))",
      "network_unreachable_or_firewall"),
     ("libfabric:17778:1732779731::efa:cq:efa_rdm_cq_readfrom():425<warn> Unreachable remote - never received a response", "network_unreachable_or_firewall"),
+    # fi_strerror's generic text first, the provider's file after it (fi_eq_strerror / fi_cq_strerror output)
+    ("Unable to read from CQ: Missing or unavailable completion queue. err: Invalid argument (22) prov_errno: Unknown error -5 (-5) prov/efa/src/rdm/efa_rdm_cq.c:88",
+     "other"),
 ]
 
 

@@ -142,7 +142,8 @@ def progress_table(observations: pl.DataFrame | pl.LazyFrame, status: pl.DataFra
     per_obs = observations.group_by("pg", "rank").agg(
         pl.col("seq").max().alias("obs_enq"),
         pl.col("seq").filter(completed).max().alias("obs_done"),
-        pl.col("event_id").get(pl.col("seq").arg_max()).alias("last_eid"),
+        # Ties (a dump entry and a watchdog line at one seq) go to the earliest event: never row order.
+        pl.col("event_id").sort_by("seq", "event_id", descending=[False, True]).last().alias("last_eid"),
     )
     timed_out = (
         observations.filter(pl.col("src") == "watchdog").select("pg", "rank").unique().with_columns(pl.lit(True).alias("timed_out"))
@@ -151,7 +152,12 @@ def progress_table(observations: pl.DataFrame | pl.LazyFrame, status: pl.DataFra
         pl.col("enq").max().alias("st_enq"),
         pl.col("done").max().alias("st_done"),
         pl.col("at_seq").min().alias("st_at"),
-        pl.col("event_id").sort_by("enq", nulls_last=False).last().alias("st_eid"),
+        # The status with the highest "last enqueued"; among equal ones a watchdog line (a dump's
+        # pg_status has no line to cite), then the earliest: never row order.
+        pl.col("event_id")
+        .sort_by(pl.col("enq"), pl.col("src") == "watchdog", pl.col("event_id"), descending=[False, False, True], nulls_last=False)
+        .last()
+        .alias("st_eid"),
         pl.col("src").eq("watchdog").any().alias("st_watchdog"),
     )
     joined = (
@@ -181,6 +187,7 @@ def progress_table(observations: pl.DataFrame | pl.LazyFrame, status: pl.DataFra
             pl.col("start_ts").alias("wait_ts"),
             pl.col("timeout_ms").alias("wait_timeout_ms"),
             pl.col("event_id").alias("wait_eid"),
+            pl.col("not_dump").alias("wait_timed_out"),
         )
         .collect()
     )
@@ -199,7 +206,7 @@ def progress_table(observations: pl.DataFrame | pl.LazyFrame, status: pl.DataFra
         )
         .select(
             "pg", "rank", "enq", "done", "stuck", "wait_op", "wait_ts", "wait_timeout_ms", "wait_eid", "last_eid", "st_eid",
-            "hang_evidence",
+            pl.col("wait_timed_out").fill_null(False), "hang_evidence",
         )
         .sort("pg", "rank")
     )
@@ -232,6 +239,16 @@ def _absent_findings(small: pl.DataFrame, progress: pl.DataFrame, events: pl.Dat
         return []
     members = _pg_members(small, progress, job)
     pg_table = progress.join(targets.select("pg", "target"), on="pg", how="inner")
+    # A rank whose own watchdog timed out in seq s waits there, and no rank of its group can wait
+    # beyond s + 1 (completing s + 1 takes it too). A group holding one "behind" by more than that
+    # mixes groups or runs (watchdog lines without a PG prefix, files of two attempts): its stall
+    # proves nobody absent, and it is left out.
+    impossible = pl.col("wait_timed_out") & (pl.col("stuck") < pl.col("target") - 1)
+    mixed = pg_table.filter(impossible.fill_null(False)).get_column("pg").unique()
+    targets = targets.filter(~pl.col("pg").is_in(mixed.implode()))
+    pg_table = pg_table.filter(~pl.col("pg").is_in(mixed.implode()))
+    if not targets.height:
+        return []
     absent = pg_table.filter(pl.col("enq").is_not_null() & (pl.col("enq") < pl.col("target")))
     waiting = pg_table.filter(pl.col("stuck") == pl.col("target"))
     seen = progress.group_by("pg").agg(pl.col("rank").unique().alias("seen"))

@@ -35,9 +35,12 @@ _C10D = (
     r"\[(?P<c_level>[IWEF])(?P<c_md>\d{3,4})? ?(?P<c_time>\d\d:\d\d:\d\d(?:\.\d+)?)? ?"
     r"(?P<c_src>[\w.]+\.(?:cpp|hpp|h|cc)):\d+\] (?P<c_msg>.*)$"
 )
-# glog-style: PyTorch 1.x C++ and torchelastic >= 2.4 (`W1130 14:58:48.527000 2133 torch/.../api.py:1012] msg`).
+# glog-style: PyTorch 1.x C++, torchelastic >= 2.4 and XLA (`W1130 14:58:48.527000 2133 torch/.../api.py:1012] msg`),
+# and TensorFlow's C++ logging, the same record after a dated clock (`2017-11-15 01:21:03.972724: E
+# tensorflow/core/common_runtime/direct_session.cc:138] msg`): its level is `g_sev`, folded into g_level.
 _GLOG = (
-    r"^(?P<g_level>[IWEF])(?P<g_md>\d{4}) (?P<g_time>\d\d:\d\d:\d\d\.\d+)\s+\d+ "
+    r"^(?:(?P<g_level>[IWEF])(?P<g_md>\d{4}) (?P<g_time>\d\d:\d\d:\d\d\.\d+)\s+\d+ "
+    r"|(?P<g_year>\d{4})-(?P<g_month>\d\d)-(?P<g_day>\d\d) (?P<g_clock>\d\d:\d\d:\d\d\.\d+): (?P<g_sev>[IWEF]) )"
     r"[\w./\-]+\.(?:cpp|py|cc|h):\d+\] (?P<g_msg>.*)$"
 )
 
@@ -90,20 +93,31 @@ def _classify_bodies(lines: pl.DataFrame) -> pl.DataFrame:
     body = lines.get_column("body")
     nccl = _nccl_header(body)
     is_nccl = nccl.get_column("nccl_level").is_not_null()
-    c10d_rows = (body.str.contains("] ", literal=True) & ~is_nccl).arg_true()
-    glog_rows = (~is_nccl).arg_true()
+    # Both record headers end in `file:line] `: no other line is worth a capture.
+    header_rows = (body.str.contains("] ", literal=True) & ~is_nccl).arg_true()
     frame = pl.concat(
         [
             lines,
             nccl,
-            spread([(c10d_rows, captured(body, c10d_rows, _C10D))], body.len()),
-            spread([(glog_rows, captured(body, glog_rows, _GLOG))], body.len()),
+            spread([(header_rows, captured(body, header_rows, _C10D))], body.len()),
+            spread([(header_rows, _glog_fields(captured(body, header_rows, _GLOG)))], body.len()),
         ],
         how="horizontal",
     )
     message = pl.coalesce("nccl_msg", "c_msg", "g_msg", "body")
     frame = with_hits(frame.with_columns(message.alias("message")), "body")
     return frame.with_columns(pl.coalesce(_first_kind(frame), _level_kind(frame)).alias("kind"))
+
+
+def _glog_fields(glog: pl.DataFrame) -> pl.DataFrame:
+    """One set of glog columns whichever of the two headers a record had (TensorFlow's has the date)."""
+    return glog.select(
+        pl.coalesce("g_level", "g_sev").alias("g_level"),
+        pl.coalesce("g_md", pl.col("g_month") + pl.col("g_day")).alias("g_md"),
+        pl.coalesce("g_time", "g_clock").alias("g_time"),
+        "g_year",
+        "g_msg",
+    )
 
 
 # --- headers, fast path -------------------------------------------------------------------------------
@@ -215,16 +229,17 @@ def with_timestamps(frame: pl.DataFrame, year_hint: int) -> pl.DataFrame:
     return frame.with_columns(*timestamp_columns(year_hint))
 
 
-TIME_COLUMNS = ("nccl_ts", "c_md", "g_md", "c_time", "g_time")  # with collector_ts: what `timestamp_columns` reads
+TIME_COLUMNS = ("nccl_ts", "c_md", "g_md", "c_time", "g_time", "g_year")  # with collector_ts: what `timestamp_columns` reads
 
 
 def timestamp_columns(year_hint: int) -> tuple[pl.Expr, pl.Expr]:
     """Wall-clock time from whichever header had one, and which header. c10d/glog omit the year:
-    `year_hint` fills it."""
+    `year_hint` fills it (TensorFlow's dated glog header has its own)."""
     nccl_ts = pl.col("nccl_ts").str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us")
     md = pl.coalesce("c_md", "g_md").str.zfill(4)
     clock = pl.coalesce("c_time", "g_time")
-    c10d_ts = (pl.lit(str(year_hint)) + md + pl.lit(" ") + clock.str.slice(0, 15)).str.to_datetime(
+    year = pl.coalesce("g_year", pl.lit(str(year_hint)))
+    c10d_ts = (year + md + pl.lit(" ") + clock.str.slice(0, 15)).str.to_datetime(
         "%Y%m%d %H:%M:%S%.f", strict=False, time_unit="us"
     )
     collector = pl.col("collector_ts").str.replace(",", ".").str.replace("T", " ").str.replace("Z", "")
@@ -234,6 +249,8 @@ def timestamp_columns(year_hint: int) -> tuple[pl.Expr, pl.Expr]:
         pl.coalesce(nccl_ts, c10d_ts, collector_ts).dt.replace_time_zone("UTC").alias("ts"),
         pl.when(nccl_ts.is_not_null())
         .then(pl.lit("nccl"))
+        .when(c10d_ts.is_not_null() & pl.col("g_year").is_not_null())
+        .then(pl.lit("glog-dated"))
         .when(c10d_ts.is_not_null())
         .then(pl.lit("c10d-year-inferred"))
         .when(collector_ts.is_not_null())

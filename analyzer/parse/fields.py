@@ -57,6 +57,30 @@ def to_events(kept: pl.DataFrame, lines: pl.DataFrame, year_hint: int) -> pl.Dat
     )
     return conform(pl.concat([conform(base), failure_table_entries(base)]))
 
+# What follows the marker of a last-error line on that line: XLA's `Last NCCL warning(error) log entry
+# (may be unrelated) '...'.`, or PyTorch's `Last error: ...`. A bare `Last error:` has none: its text is
+# the next line, an event of its own (and `nccl.error_raised`'s detail).
+_LAST_ERROR_MARK = r"(?:^\s*Last error:|Last NCCL warning\(error\) log entry(?: \(may be unrelated\))?:?)\s*(.*)$"
+_QUOTE_CLOSED = r"\S'\.?\s*$"
+
+
+def _last_error_quote() -> pl.Expr:
+    """The NCCL error a last-error line quotes. XLA's quote opens on its line and, hard-wrapped in a
+    pasted or captured log, closes up to two lines further: those lines are joined on until it does."""
+    inline = pl.col("message").str.extract(_LAST_ERROR_MARK, 1).str.strip_chars()
+    opened = inline.str.starts_with("'") & ~inline.str.contains(_QUOTE_CLOSED)
+    still_open = opened & ~pl.col("next1").fill_null("").str.contains(_QUOTE_CLOSED)
+    return (
+        pl.when(inline.fill_null("") == "")
+        .then(pl.lit(None, dtype=pl.String))
+        .when(still_open)
+        .then(pl.concat_str([inline, pl.col("next1"), pl.col("next2")], separator=" ", ignore_nulls=True))
+        .when(opened)
+        .then(pl.concat_str([inline, pl.col("next1")], separator=" ", ignore_nulls=True))
+        .otherwise(inline)
+    )
+
+
 def _severity_expr() -> pl.Expr:
     # A vocabulary hit is a failure; a line the benign vocabulary knows is informational, whatever its level.
     vocab = (
@@ -170,6 +194,7 @@ def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
             for n, m in (("next1", "next2"), ("next2", "next3"))
         ]
     )
+    last_error_quote = _last_error_quote()
     wrapped_work = pl.coalesce(
         *[pl.col(n).str.extract(r"(WorkNCCL\((?:[^()]|\(ms\))*\))") for n in ("next1", "next2")]
     )
@@ -181,6 +206,8 @@ def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
     ).with_columns(
         pl.when(kind == "nccl.error_raised")
         .then(pl.col("last_error"))
+        .when(kind == "nccl.last_error")
+        .then(last_error_quote)
         .when(kind == "traceback.exception")
         .then(pl.col("stack"))
         # The WARN's source location tells which part of NCCL failed (`transport/nvls.cc:223`):

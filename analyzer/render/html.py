@@ -75,6 +75,7 @@ _SVG_SHAPES = {name: Markup(svg) for name, svg in {
 
 CLOCK_NOTES = {
     "c10d-year-inferred": "PyTorch C++ log headers carry no year; it was taken from the file's modification time",
+    "glog-dated": "TensorFlow's C++ log headers (date and time)",
     "flight_recorder": "Flight Recorder entry creation times",
     "error.json": "torchelastic error file timestamps",
     "collector": "timestamps added by the log collector",
