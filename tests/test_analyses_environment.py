@@ -294,3 +294,28 @@ def test_system_error_across_two_hosts_is_not_blamed_on_shared_memory(tmp_path):
     lines = [*SINGLE_HOST_RUN[:4], "#   Rank  2 Pid   3302 on    box-b device  0 [0x18] NVIDIA A10", SINGLE_HOST_RUN[4]]
     (tmp_path / "nccl-tests.log").write_text("\n".join(lines) + "\n")
     assert "nccl-system-error-single-host" not in {f["rule_id"] for f in analyze(tmp_path).report["findings"]}
+
+
+def _ring_process(host, pid, rank, gpu, peer, peer_gpu, via="P2P/IPC"):
+    return f"{host}:{pid}:{pid + 1} [{gpu}] NCCL INFO Ring 00 : {rank}[{gpu}] -> {peer}[{peer_gpu}] via {via}"
+
+
+def test_intra_node_link_to_a_gpu_another_rank_of_the_host_drives(tmp_path):
+    """NCCL 2.4 took two machines whose names share the part before the first dot for one: the last
+    local rank links to the next machine's rank over CUDA IPC, on a GPU index a local rank already drives."""
+    lines = [_ring_process("node7", 100 + g, g, g, g + 1, g + 1) for g in range(3)] + [_ring_process("node7", 103, 3, 3, 5, 1)]
+    result = write_job(tmp_path, {"node7": lines})
+    found = only(result.report, "drift-identical-hostnames")
+    assert found["hosts"] == ["node7"] and "rank 3 to rank 5" in found["summary"] and "rank 1 of this host" in found["summary"]
+
+
+def test_every_process_on_its_own_gpu_0_is_no_clash(tmp_path):
+    # CUDA_VISIBLE_DEVICES per process: every process calls its GPU 0, so GPU indices say nothing.
+    lines = [_ring_process("box", 100 + r, r, 0, (r + 1) % 4, 0) for r in range(4)]
+    assert drift_findings(write_job(tmp_path, {"box": lines}).report) == []
+
+
+def test_a_healthy_node_ring_over_p2p_and_the_network_is_no_clash(tmp_path):
+    lines = [_ring_process("box", 100 + g, g, g, g + 1, g + 1) for g in range(3)]
+    lines.append(_ring_process("box", 103, 3, 3, 4, 0, via="NET/IB/0"))
+    assert drift_findings(write_job(tmp_path, {"box": lines}).report) == []

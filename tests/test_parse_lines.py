@@ -203,3 +203,10 @@ def test_cutting_loses_no_character_and_keeps_physical_lines(text):
     assert joined.get_column("joined").to_list() == peeled.get_column("body").to_list()
     whole = split.filter(pl.col("part") == 0).drop("part", "text", "body")
     assert whole.equals(peeled.drop("text", "body"))  # the first part keeps the line's own prefixes
+
+
+def test_an_open_mpi_process_tag_names_the_host_and_stays_in_the_body():
+    lines = peel_prefixes(lines_frame_many([(
+        "[gpu-node-3:40721] *** Process received signal ***\n[socket.cpp:464] [c10d] a source location\nplain line\n", "x.log", 1)]))
+    assert lines.get_column("pfx_host").to_list() == ["gpu-node-3", None, None]
+    assert lines.get_column("body").to_list()[0] == "[gpu-node-3:40721] *** Process received signal ***"

@@ -50,6 +50,18 @@ _HEADER_WORD = r"^(?:[A-Z][a-z]+-)+[A-Z][a-z]+$"
 _PROMPT_HOST = r"^(?:\([\w.\-]+\)\s)?\[?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*)(?::[^\s$#%]*|\s+[^\s$#%\]]+)?\]?\s?[$#%](?:\s|$)"
 
 
+# Open MPI's and glibc-style process tags (`[host:pid] *** Process received signal ***`, `[host:pid] Read -1,
+# ...`) name the writer's host. Only read, not peeled: the tag is part of what those lines say. A C++ source
+# location in brackets (`[socket.cpp:464] `) is no host.
+_PROCESS_TAG = r"^\[([\w.\-]+):\d+\] "
+_SOURCE_FILE = r"\.(?:cpp|cc|cxx|c|h|hpp|cu|cuh|py)$"
+
+
+def _process_tag_host() -> pl.Expr:
+    host = pl.col("body").str.extract(_PROCESS_TAG, 1)
+    return pl.when(host.str.contains(_SOURCE_FILE)).then(None).otherwise(host)
+
+
 def lines_frame_many(chunks: list[tuple[str, str, int]]) -> pl.DataFrame:
     """Lines of many (text, file, first_line) chunks, split in one call.
 
@@ -141,7 +153,7 @@ def peel_prefixes(lines: pl.DataFrame, host_labels: bool = True) -> pl.DataFrame
         ).alias("pfx_rank"),
         pl.coalesce(pl.when(~tee_is_rank).then(int_col("tee_num")), int_col("acc_local")).alias("pfx_local_rank"),
         pl.coalesce(
-            pl.col("acc_host"), pl.col("label_host"), pl.col("syslog_host"),
+            pl.col("acc_host"), pl.col("label_host"), pl.col("syslog_host"), _process_tag_host(),
             pl.col("body").str.extract(_PROMPT_HOST, 1).forward_fill().over("file"),
         ).alias("pfx_host"),
         int_col("ray_pid").alias("pfx_pid"),
