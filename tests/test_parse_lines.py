@@ -207,6 +207,7 @@ def test_cutting_loses_no_character_and_keeps_physical_lines(text):
 
 def test_an_open_mpi_process_tag_names_the_host_and_stays_in_the_body():
     lines = peel_prefixes(lines_frame_many([(
-        "[gpu-node-3:40721] *** Process received signal ***\n[socket.cpp:464] [c10d] a source location\nplain line\n", "x.log", 1)]))
-    assert lines.get_column("pfx_host").to_list() == ["gpu-node-3", None, None]
+        "[gpu-node-3:40721] *** Process received signal ***\n[socket.cpp:464] [c10d] a source location\nplain line\n"
+        "[worker-0:4682 :0:4682] Caught signal 11 (Segmentation fault: address not mapped to object at address (nil))\n", "x.log", 1)]))
+    assert lines.get_column("pfx_host").to_list() == ["gpu-node-3", None, None, "worker-0"]
     assert lines.get_column("body").to_list()[0] == "[gpu-node-3:40721] *** Process received signal ***"

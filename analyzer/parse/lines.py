@@ -50,10 +50,10 @@ _HEADER_WORD = r"^(?:[A-Z][a-z]+-)+[A-Z][a-z]+$"
 _PROMPT_HOST = r"^(?:\([\w.\-]+\)\s)?\[?[a-z_][\w.\-]*@([A-Za-z0-9][\w.\-]*)(?::[^\s$#%]*|\s+[^\s$#%\]]+)?\]?\s?[$#%](?:\s|$)"
 
 
-# Open MPI's and glibc-style process tags (`[host:pid] *** Process received signal ***`, `[host:pid] Read -1,
-# ...`) name the writer's host. Only read, not peeled: the tag is part of what those lines say. A C++ source
-# location in brackets (`[socket.cpp:464] `) is no host.
-_PROCESS_TAG = r"^\[([\w.\-]+):\d+\] "
+# Open MPI's process tags (`[host:pid] *** Process received signal ***`, `[host:pid] Read -1, ...`) and UCX's
+# (`[host:pid :0:tid] Caught signal 11 (...)`) name the writer's host. Only read, not peeled: the tag is part
+# of what those lines say. A C++ source location in brackets (`[socket.cpp:464] `) is no host.
+_PROCESS_TAG = r"^\[([\w.\-]+):\d+(?: :\d+:\d+)?\] "
 _SOURCE_FILE = r"\.(?:cpp|cc|cxx|c|h|hpp|cu|cuh|py)$"
 
 
