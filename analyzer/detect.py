@@ -146,9 +146,11 @@ def _aggregate(rule: Rule, hits: pl.DataFrame, job: JobContext) -> dict:
             hosts = hits.get_column("host_named").drop_nulls().unique().to_list()
     elif rule.attribution == "hosts":
         hosts = hits.get_column("host").drop_nulls().unique().to_list() or hits.get_column("host_named").drop_nulls().unique().to_list()
-    elif rule.attribution == "ranks_ref":
+    elif rule.attribution in ("ranks_ref", "ranks_ref_local"):
         ranks = hits.get_column("ranks_named").explode().drop_nulls().unique().to_list()
         hosts = [job.rank_hosts[r] for r in ranks if r in job.rank_hosts]
+        if rule.attribution == "ranks_ref_local":
+            hosts = sorted(set(hosts) | set(hits.get_column("host").drop_nulls().to_list()))
     elif rule.attribution == "job_hosts":
         hosts = list(job.hosts)
     elif rule.attribution == "absent":

@@ -22,7 +22,10 @@ from analyzer.resources import data_dir
 from analyzer.severities import LINE_LEVELS, SEVERITIES
 
 ROLES = frozenset({"cause", "symptom", "context"})
-ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "job_hosts", "absent", "none"})
+# ranks: who wrote the lines; hosts: the writers' hosts; ranks_ref: the ranks a line names (their hosts when
+# known); ranks_ref_local: the same, and those ranks are on the writer's host (two ranks on one GPU);
+# job_hosts: every host; absent: the ranks that wrote none of the lines; none: nobody.
+ATTRIBUTIONS = frozenset({"ranks", "hosts", "ranks_ref", "ranks_ref_local", "job_hosts", "absent", "none"})
 TOP_KEYS = frozenset(
     {"id", "title", "category", "severity", "role", "priority", "confidence", "attribution", "explanation",
      "remediation", "references", "match", "analysis", "tests", "fallback", "cause_of", "reported_alone"}

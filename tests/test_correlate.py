@@ -232,3 +232,15 @@ def _text(report: dict) -> str:
     buffer = io.StringIO()
     render_text(report, Console(file=buffer, width=200, no_color=True, emoji=False, highlight=False))
     return buffer.getvalue()
+
+
+def test_a_vocabulary_event_takes_the_rank_its_line_was_given():
+    """`[Rank 0] Watchdog caught ...` is a watchdog.timeout of rank 0 (default group) and a vocab.nccl_timeout:
+    one line, one writer. A vocabulary event on a line of another rank's, or of none, stays as it is."""
+    events = [
+        _c10d(1, 0),
+        _event(1, kind="vocab.nccl_timeout", source="c10d", message="[Rank 0] Watchdog caught"),
+        _event(2, kind="vocab.other", message="no rank anywhere"),
+    ]
+    attributed, _ = correlate(events_from_records(events), [])
+    assert attributed.filter(pl.col("kind").str.starts_with("vocab.")).select("line", "rank").rows() == [(1, 0), (2, None)]

@@ -148,3 +148,14 @@ def test_a_remote_error_written_by_a_known_rank_keeps_its_writer(tmp_path):
         "[rank1]: shutting down",
     ])
     assert verdict(tmp_path)["culprit_ranks"] == [1]
+
+
+def test_a_duplicate_gpu_report_names_the_machine_that_wrote_it(tmp_path):
+    # No line says which host ranks 4 and 6 run on, but two ranks on one GPU share the writer's machine.
+    write(tmp_path, "nccl.log", [
+        "gpu-b7:100:100 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.7<0>",
+        "gpu-b7:100:200 [0] init.cc:795 NCCL WARN Duplicate GPU detected : rank 6 and rank 4 both on CUDA device 31000",
+        "gpu-b7:100:200 [0] NCCL INFO init.cc:1358 -> 5",
+    ])
+    found = verdict(tmp_path)
+    assert found["culprit_ranks"] == [4, 6] and found["culprit_hosts"] == ["gpu-b7"]

@@ -22,6 +22,7 @@ from analyzer.facts.host_context import LOOPBACK_NAMES, hosts_from_context
 from analyzer.facts.hostfacts import HostFacts, derive_host_facts
 from analyzer.facts.rank_labels import ranks_from_labels
 from analyzer.io import InputFile
+from analyzer.parse.classify import VOCAB_KIND_PREFIX
 
 # Columns that count ranks: a value past MAX_WORLD_SIZE (a `rank 10^18` line, `nranks 100000000`)
 # is an invalid value on its line, so no later stage sizes a range, a set or a matrix by it.
@@ -81,6 +82,7 @@ def correlate(events: pl.DataFrame, inputs: list[InputFile]) -> tuple[pl.DataFra
     events = _ranks_from_pids(events)
     events = _ranks_from_single_rank_files(events)
     events = _ranks_from_default_pg(events)
+    events = _vocabulary_ranks_from_their_lines(events)
     events, rank_conflicts = _uncorroborated_rank(events)
     events = _hosts_from_ranks(events)
     events = hosts_from_context(events)  # a prompt or `Host: X` line above names the host of what follows
@@ -286,6 +288,27 @@ def _ranks_from_default_pg(events: pl.DataFrame) -> pl.DataFrame:
     in_default = (pl.col("pg").str.extract(r"^\s*(\d+)") == "0") | (pl.col("pg").is_null() & pl.lit(unnamed_is_default))
     return events.with_columns(
         pl.when(candidate & in_default.fill_null(False)).then(pl.col("pg_rank")).otherwise(pl.col("rank")).alias("rank")
+    )
+
+
+def _vocabulary_ranks_from_their_lines(events: pl.DataFrame) -> pl.DataFrame:
+    """A vocabulary event is a second reading of a line that has its own event: the writer is the
+    same, so the rank its own kind was given (`[Rank 0] Watchdog caught ...` in the default group) is
+    the vocabulary event's too."""
+    vocab = pl.col("kind").fill_null("").str.starts_with(VOCAB_KIND_PREFIX)
+    if events.filter(vocab & pl.col("rank").is_null()).height == 0:
+        return events
+    line_rank = (
+        events.filter(~vocab & pl.col("rank").is_not_null() & pl.col("line").is_not_null())
+        .group_by("file", "line")
+        .agg(pl.col("rank").unique().alias("_ranks"))
+        .filter(pl.col("_ranks").list.len() == 1)
+        .select("file", "line", pl.col("_ranks").list.first().alias("_line_rank"))
+    )
+    return (
+        events.join(line_rank, on=["file", "line"], how="left")
+        .with_columns(pl.when(vocab).then(pl.coalesce("rank", "_line_rank")).otherwise(pl.col("rank")).alias("rank"))
+        .drop("_line_rank")
     )
 
 
