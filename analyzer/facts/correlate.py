@@ -294,19 +294,20 @@ def _ranks_from_default_pg(events: pl.DataFrame) -> pl.DataFrame:
 def _vocabulary_ranks_from_their_lines(events: pl.DataFrame) -> pl.DataFrame:
     """A vocabulary event is a second reading of a line that has its own event: the writer is the
     same, so the rank its own kind was given (`[Rank 0] Watchdog caught ...` in the default group) is
-    the vocabulary event's too."""
+    the vocabulary event's too. Matched by text as well as line: a record spliced into another
+    writer's line is a part of its own (tests/test_hostile_inputs.py)."""
     vocab = pl.col("kind").fill_null("").str.starts_with(VOCAB_KIND_PREFIX)
     if events.filter(vocab & pl.col("rank").is_null()).height == 0:
         return events
     line_rank = (
         events.filter(~vocab & pl.col("rank").is_not_null() & pl.col("line").is_not_null())
-        .group_by("file", "line")
+        .group_by("file", "line", "text")
         .agg(pl.col("rank").unique().alias("_ranks"))
         .filter(pl.col("_ranks").list.len() == 1)
-        .select("file", "line", pl.col("_ranks").list.first().alias("_line_rank"))
+        .select("file", "line", "text", pl.col("_ranks").list.first().alias("_line_rank"))
     )
     return (
-        events.join(line_rank, on=["file", "line"], how="left")
+        events.join(line_rank, on=["file", "line", "text"], how="left")
         .with_columns(pl.when(vocab).then(pl.coalesce("rank", "_line_rank")).otherwise(pl.col("rank")).alias("rank"))
         .drop("_line_rank")
     )
