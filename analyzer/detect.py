@@ -15,7 +15,7 @@ import polars as pl
 from analyzer.analyses import JobContext, load_all
 from analyzer.bounds import MAX_WORLD_SIZE
 from analyzer.findings import concat_findings, finding, findings_frame
-from analyzer.parse.classify import VOCAB_KIND_PREFIX
+from analyzer.parse.classify import KIND_SEVERITY, VOCAB_KIND_PREFIX
 from analyzer.ranks import format_ranks
 from analyzer.rules import Rule, catalogue
 
@@ -55,7 +55,8 @@ def detect(events: pl.DataFrame, job: JobContext, rules: tuple[Rule, ...] | None
 
 
 def _without_needless_fallbacks(findings: pl.DataFrame, rules: tuple[Rule, ...]) -> pl.DataFrame:
-    """A fallback signature ("errors nothing explains") only speaks when no other one did.
+    """A fallback signature ("errors nothing explains") only speaks when no failure signature did: a
+    warning-level finding (a slow transport, a setting that differs) explains no error line.
 
     A cause that is not reported alone (`reported_alone = false`) is kept only beside one of the
     symptoms it names (`cause_of`).
@@ -64,9 +65,9 @@ def _without_needless_fallbacks(findings: pl.DataFrame, rules: tuple[Rule, ...])
     lonely = sorted(r.id for r in rules if not r.reported_alone and r.id in fired and not set(r.cause_of) & fired)
     findings = findings.filter(~pl.col("rule_id").is_in(lonely))
     fallback_ids = sorted(r.id for r in rules if r.fallback)
-    is_fallback = pl.col("rule_id").is_in(fallback_ids)
-    if findings.filter(~is_fallback).height:
-        return findings.filter(~is_fallback)
+    failure_ids = sorted(r.id for r in rules if not r.fallback and r.severity not in ("warning", "info"))
+    if findings.filter(pl.col("rule_id").is_in(failure_ids)).height:
+        return findings.filter(~pl.col("rule_id").is_in(fallback_ids))
     return findings
 
 
@@ -85,12 +86,20 @@ def _pattern_findings(events: pl.DataFrame, rules: list[Rule], job: JobContext) 
         scope = events if kinds is None else _events_of_kinds(events, rows_of_kind, kinds)
         if scope is None:  # no event of these kinds: none of these rules can fire
             continue
+        scope = scope.filter(~_known_benign())
         flags = scope.select(*[rule.expression().alias(rule.id) for rule in scoped])
         for rule in scoped:
             hits = scope.filter(flags.get_column(rule.id))
             if hits.height:
                 found[rule.id] = _aggregate(rule, _with_mentions(hits), job)
     return findings_frame(found[rule.id] for rule in rules if rule.id in found)
+
+
+def _known_benign() -> pl.Expr:
+    """A line the benign vocabulary knows keeps its own kind (a traceback's exception line) but its
+    severity is lowered to info: such a line is no failure any signature may report."""
+    own_severity = pl.col("kind").replace_strict(KIND_SEVERITY, default="info")
+    return (pl.col("severity") == "info") & (own_severity != "info")
 
 
 def _rules_by_scope(rules: list[Rule]) -> dict[tuple[str, ...] | None, list[Rule]]:

@@ -103,3 +103,23 @@ def test_a_launcher_labelling_every_line_is_trusted(tmp_path):
         "worker-2: RuntimeError: CUDA error: an illegal memory access was encountered\nworker-1: step 11 loss 0.4\n"
     )
     assert analyze(tmp_path).report["verdict"]["culprit_hosts"] == ["worker-2"]
+
+
+def test_a_slow_transport_explains_no_error_line(tmp_path):
+    """A warning-level finding (inter-node traffic over sockets) is no explanation of an NCCL WARN: the
+    fallback still names the error, and being an error it is the verdict."""
+    lines = [f"[1,{r}]<stdout>:{host}:{100 + r}:{200 + r} [0] NCCL INFO {msg}"
+             for r, host in enumerate(("gpu-a", "gpu-b", "gpu-c"))
+             for msg in ("NET/Plugin : No plugin found (libnccl-net.so), using internal implementation", "Using network Socket")]
+    lines.append("[1,1]<stdout>:gpu-b:101:201 [0] misc/argcheck.cc:39 NCCL WARN AllGather : invalid root 0 (root should be in the 0..-1 range)")
+    report = _job(tmp_path, "\n".join(lines) + "\n")
+    rule_ids = [f["rule_id"] for f in report["findings"]]
+    assert "transport-multinode-socket" in rule_ids and report["verdict"]["rule_id"] != "transport-multinode-socket"
+    assert report["verdict"]["culprit_hosts"] == ["gpu-b"]
+
+
+def test_a_line_the_benign_vocabulary_knows_is_no_uncaught_exception(tmp_path):
+    # CPython's resource_tracker at exit (gh-82300): a traceback by shape, known harmless by its text.
+    tb = ('Traceback (most recent call last):\n  File "/usr/lib/python3.10/multiprocessing/resource_tracker.py", line 209, in main\n'
+          "    cache[rtype].remove(name)\nKeyError: '/psm_10b3d52e'\n")
+    assert _job(tmp_path, "step 10 loss 2.1\n" + tb + "done\n")["findings"] == []
