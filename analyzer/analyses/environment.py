@@ -336,27 +336,22 @@ def _intra_node_failure_signals(events: pl.DataFrame) -> list[tuple[str, str, li
     return out
 
 
-# `6[6] -> 10[2] via P2P/IPC`: each end's rank and, in brackets, its GPU (the CUDA device index in NCCL
-# <= 2.6, the PCI bus id since); only intra-node transports say the two ends share a machine.
-_INTRA_NODE_LINK = r"(?:^|:\s)(\d+)\[([0-9a-fA-F]+)\]\s*->\s*(\d+)\[([0-9a-fA-F]+)\].*?via (?:P2P|SHM|direct shared memory)"
-
-
 def _shared_device_signals(events: pl.DataFrame) -> list[tuple[str, str, list[int], list[int]]]:
     """NCCL linked ranks inside one host (P2P, SHM) and, doing so, put two ranks on one of its GPUs:
     its processes said which GPU each drives (their own end of a link), and a peer it reaches as a
     neighbour names another's GPU. Two machines' ranks taken for one node (NCCL 2.4 compared host names
     up to the first dot). Read only when each process of the host wrote one communicator's links and the
     processes' own GPUs are distinct (not every process on its GPU 0 behind CUDA_VISIBLE_DEVICES)."""
-    lines = events.filter((pl.col("kind") == "nccl.transport") & pl.col("host").is_not_null() & pl.col("pid").is_not_null())
     comms = events.filter(pl.col("kind") == "nccl.comm_init").group_by("host", "pid").len()
-    if lines.height == 0 or (comms.height and comms.get_column("len").max() > 1):
+    if comms.height and comms.get_column("len").max() > 1:
         return []
-    links = lines.select("event_id", "host", "pid", pl.col("message").str.extract_groups(_INTRA_NODE_LINK).alias("f")).unnest("f")
-    links = links.filter(pl.col("1").is_not_null()).select(
-        "event_id", "host", "pid",
-        pl.col("1").cast(pl.Int64).alias("src"), pl.col("2").str.to_lowercase().alias("src_gpu"),
-        pl.col("3").cast(pl.Int64).alias("dst"), pl.col("4").str.to_lowercase().alias("dst_gpu"),
+    # Only intra-node transports (P2P, SHM) say the two ends share a machine.
+    intra = pl.col("family").str.starts_with("P2P/") | pl.col("family").is_in(["SHM", "direct shared memory"])
+    links = transport_pairs(events).filter(
+        intra & pl.col("host").is_not_null() & pl.col("pid").is_not_null() & pl.col("src_gpu").is_not_null() & pl.col("dst_gpu").is_not_null()
     )
+    if links.height == 0:
+        return []
     own = links.group_by("host", "pid").agg(pl.col("src").unique().alias("ranks"), pl.col("src_gpu").unique().alias("gpus"))
     own = own.filter((pl.col("ranks").list.len() == 1) & (pl.col("gpus").list.len() == 1)).select(
         "host", pl.col("ranks").list.first().alias("rank"), pl.col("gpus").list.first().alias("gpu"))

@@ -80,7 +80,9 @@ _PLUGIN_LOADED = (
 _PLUGIN_ABSENT = r"NET/Plugin\s*:?\s*(?:Could not find|No plugin found|Plugin load .* returned|Using internal)"
 _ADDRESS = r"[A-Za-z][\w.\-]*:(?:\d{1,3}\.){3}\d{1,3}<\d+>"
 _TRANSPORT = r"via ((?:P2P|NET|COLLNET)/[A-Za-z][\w]*|SHM|direct shared memory)"
-_TRANSPORT_PAIR = r"(?:^|:\s)(\d+)(?:\[[0-9a-fA-F]+\])?\s*->\s*(\d+)(?:\[[0-9a-fA-F]+\])?"
+# `6[6] -> 10[2]`: each end's rank and, in brackets, its GPU (the CUDA device index in NCCL <= 2.6, the PCI
+# bus id since).
+_TRANSPORT_PAIR = r"(?:^|:\s)(\d+)(?:\[([0-9a-fA-F]+)\])?\s*->\s*(\d+)(?:\[([0-9a-fA-F]+)\])?"
 # GPU model sources: nvidia-smi table rows, `nvidia-smi -L`, `nvidia-smi -q`, torch device
 # properties, Lightning's tensor-core hint, TensorFlow's device line, a bf16 refusal.
 _GPU_MODEL = (
@@ -551,9 +553,10 @@ def address_clashes(obs: pl.DataFrame) -> pl.DataFrame:
 
 
 def transport_pairs(events: pl.DataFrame, via: str | None = None) -> pl.DataFrame:
-    """`src -> dst via FAMILY` from transport lines, one row per distinct (host, pid, src, dst,
-    family) with its first event: which ranks NCCL connected, and how. `via` (a literal such as
-    `"via NET/"`) keeps only those lines before any regex runs: they grow with ranks x channels."""
+    """`src[src_gpu] -> dst[dst_gpu] via FAMILY` from transport lines, one row per distinct (host, pid,
+    src, dst, family, GPUs) with its first event: which ranks NCCL connected, on which GPUs (lower-case,
+    null where the line names none), and how. `via` (a literal such as `"via NET/"`) keeps only those
+    lines before any regex runs: they grow with ranks x channels."""
     lines = events.filter(pl.col("kind") == "nccl.transport")
     if via is not None:
         lines = lines.filter(pl.col("message").str.contains(via, literal=True))
@@ -564,11 +567,13 @@ def transport_pairs(events: pl.DataFrame, via: str | None = None) -> pl.DataFram
         .select(
             "event_id", "host", "pid", "rank",
             pl.col("1").cast(pl.Int64, strict=False).alias("src"),
-            pl.col("2").cast(pl.Int64, strict=False).alias("dst"),
-            pl.col("3").alias("family"),
+            pl.col("3").cast(pl.Int64, strict=False).alias("dst"),
+            pl.col("5").alias("family"),
+            pl.col("2").str.to_lowercase().alias("src_gpu"),
+            pl.col("4").str.to_lowercase().alias("dst_gpu"),
         )
         .filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null() & pl.col("family").is_not_null())
-        .group_by("host", "pid", "src", "dst", "family")
+        .group_by("host", "pid", "src", "dst", "family", "src_gpu", "dst_gpu")
         .agg(pl.col("event_id").min(), pl.col("rank").first())
         .sort("event_id")
     )

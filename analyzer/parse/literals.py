@@ -42,16 +42,15 @@ def required_literals_of(patterns: Iterable[str]) -> dict[str, frozenset[str] | 
     is derived again; a pattern that does not compile raises re.error as `required_literals` does."""
     wanted = sorted(set(patterns))
     path = _cache_path(wanted)
-    cached = _read_cache(path) if path else None
+    cached = _read_cache(path)
     if cached is not None and set(cached) == set(wanted):
         return {p: None if lits is None else frozenset(lits) for p, lits in cached.items()}
     derived = {p: required_literals(p) for p in wanted}
-    if path:
-        _write_cache(path, {p: None if lits is None else sorted(lits) for p, lits in derived.items()})
+    _write_cache(path, {p: None if lits is None else sorted(lits) for p, lits in derived.items()})
     return derived
 
 
-def _cache_path(patterns: list[str]) -> Path | None:
+def _cache_path(patterns: list[str]) -> Path:
     root = os.environ.get("POSTMORTEM_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "postmortem")
     digest = hashlib.sha256(Path(__file__).read_bytes())
