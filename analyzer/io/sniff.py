@@ -78,8 +78,12 @@ _PIP_LINE = re.compile(rb"^(?:[A-Za-z0-9][\w.\-]*(?:\[[\w,]+\])?(?:==|\s{2,})\d[
 _PIP_STACK = re.compile(rb"^(?:torch|nvidia-nccl-cu\d+|deepspeed)(?:==|\s{2,})\d", re.M)
 
 
+# Every match of _COLLECT_ENV holds one of these: a head without them is not searched.
+_COLLECT_ENV_LITERALS = (b"Collecting environment information", b"Is debug build")
+
+
 def _stack_listing(head: bytes) -> str:
-    if _COLLECT_ENV.search(head):
+    if any(lit in head for lit in _COLLECT_ENV_LITERALS) and _COLLECT_ENV.search(head):
         return "collect_env"
     lines = [line for line in head.splitlines()[:-1] if line.strip()]  # the last may be cut by the sniff
     if len(lines) >= 2 and all(_PIP_LINE.match(line) for line in lines) and _PIP_STACK.search(head):
@@ -93,9 +97,27 @@ _NCCL_TESTS = re.compile(
     rb"|^(?:\[\d+\])?\s*\d+\s+\d+\s+(?:float|double|half|bfloat16|int8|uint8|int32|uint32|int64|uint64|f8e\w+)\s+(?:sum|prod|min|max|avg|none|mulsum|-?\d+)\s"
 )
 # Every match of _NCCL_TESTS holds one of these (tests/test_sniff_prefilter.py checks that they
-# cover it): a head holding none is no nccl-tests output, without running the regex line by line.
+# cover it): only the lines holding one are matched. Searching the whole head with a multi-line
+# `^` costs milliseconds a file (Python's re tries every position), which at thousands of rank
+# logs was most of discovery.
 _NCCL_TESTS_LITERALS = (b"(elements)", b"Avg bus bandwidth", b"bytes", b"count", b"f8e", b"float", b"double", b"half",
                         b"int8", b"int32", b"int64", b"nThread ")
+
+
+def _holds_nccl_tests_line(head: bytes) -> bool:
+    tried: set[int] = set()
+    for literal in _NCCL_TESTS_LITERALS:
+        at = head.find(literal)
+        while at != -1:
+            start = head.rfind(b"\n", 0, at) + 1
+            end = head.find(b"\n", at)
+            end = len(head) if end == -1 else end
+            if start not in tried:
+                tried.add(start)
+                if _NCCL_TESTS.match(head, start, end):
+                    return True
+            at = head.find(literal, end)
+    return False
 # The CUDA samples' peer-to-peer tests (p2pBandwidthLatencyTest, simpleP2P): their name line, read by
 # analyzer/parse/p2ptest.py and as text too.
 _P2P_TEST = re.compile(rb"(?m)^\[(?:P2P \(Peer-to-Peer\) GPU Bandwidth Latency Test|[^\]\n]*simpleP2P)\]")
@@ -156,7 +178,7 @@ def format_of_head(head: bytes, json_kind: Callable[[], str]) -> tuple[str, str]
         return "binary", "binary content (not a log, dump or trace this version reads)"
     if (b"GPU Bandwidth Latency Test]" in head or b"simpleP2P]" in head) and _P2P_TEST.search(head):
         return "p2p_test", ""
-    if any(lit in head for lit in _NCCL_TESTS_LITERALS) and _NCCL_TESTS.search(head):
+    if _holds_nccl_tests_line(head):
         return "nccl_tests", ""
     if _looks_like_source(head):
         return "source", "source code or markup (CSS, HTML, JavaScript, Python), not a log"
@@ -194,7 +216,7 @@ def _json_kind(item: InputFile) -> str:
 def _looks_binary(head: bytes) -> bool:
     # Runs of NULs are judged apart: a log whose last blocks never reached the disk before the host
     # died is NUL-padded text, and its lines are the evidence (the reader drops the NULs).
-    text = _NUL_RUN.sub(b"", head)
+    text = _NUL_RUN.sub(b"", head) if b"\x00" in head else head
     if not text.strip(b"\x00"):
         return True  # nothing but NULs
     if b"\x00" in text and not _looks_utf16(head):
