@@ -15,7 +15,7 @@ import polars as pl
 from analyzer.api import analyze
 from analyzer.io import discover
 from analyzer.parse.logtext import parse_text_file
-from analyzer.parse.repeats import REPEATS_KEPT
+from analyzer.parse.repeats import PRE_COLLAPSED, REPEATS_KEPT, collapse_connection_lines
 from tests import nccl_info_gen
 from tests.hostile_gen import measure
 
@@ -132,3 +132,37 @@ def test_a_20_mb_log_of_one_channel_line_is_bounded(tmp_path):
     assert result["peak_rss_mb"] < 500 and result["seconds"] < 90, result
     (entry,) = result["report"]["inputs"]
     assert entry["status"] == "parsed" and entry["lines"] > 280_000 and entry["unparsed_lines"] == 0
+
+
+def test_alternating_connections_are_counted_apart_as_they_are_read(tmp_path):
+    """NCCL prints each channel's connections in turn: two peers' lines alternate."""
+    lines = []
+    for c in range(8):
+        lines += [HEAD + f"Channel {c:02d}/0 : 0[0] -> 1[1] via P2P/IPC", HEAD + f"Channel {c:02d}/0 : 1[1] -> 0[0] [receive] via NET/IB/0"]
+    ev, item = events_of(tmp_path, ["before", INIT, *lines, "after"])
+    rows = ev.filter(pl.col("kind") == "nccl.transport").sort("line").select("line", "repeat", "last_line").rows()
+    assert rows == [(3, 8, 17), (4, 8, 18)]
+    assert (item.lines, item.unparsed_lines) == (19, 2)
+
+
+def test_a_run_cut_by_another_line_is_still_one_event_of_its_communicator(tmp_path):
+    first = [HEAD + f"Channel {c:02d}/0 : 0[0] -> 1[1] via P2P/IPC" for c in range(3)]
+    second = [HEAD + f"Channel {c:02d}/0 : 0[0] -> 1[1] via P2P/IPC" for c in range(3, 5)]
+    warn = HEAD.replace("INFO", "WARN") + "Cuda failure 'out of memory'"
+    ev, _ = events_of(tmp_path, [INIT, *first, warn, *second])
+    assert ev.filter(pl.col("kind") == "nccl.transport").select("line", "repeat", "last_line").rows() == [(2, 5, 7)]
+    assert ev.filter(pl.col("kind") == "nccl.warn").height == 1
+
+
+def test_collapse_connection_lines_keeps_what_it_cannot_prove_alike():
+    texts = [
+        HEAD + "Channel 00/0 : 0[0] -> 1[1] via P2P/IPC",
+        HEAD + "Channel 01/0 : 0[0] -> 1[1] via P2P/IPC",
+        "node7:10:21 [0] NCCL INFO Channel 02/0 : 0[0] -> 1[1] via P2P/IPC",  # another thread: its own run
+        HEAD + "Channel 03/0 : 0[0] -> 1[1] via P2P/IPC[rank1]:[E ProcessGroupNCCL.cpp:1] spliced",  # not plain
+        HEAD + "Channel 04/0 : 0[0] -> 1[1] via P2P/IPC",
+    ]
+    lines = pl.DataFrame({"_fid": [0] * 5, "line": list(range(1, 6)), "text": texts})
+    out = collapse_connection_lines(lines)
+    assert out.select("line", *PRE_COLLAPSED).rows() == [(1, 2, 2), (3, 1, None), (4, 1, None), (5, 1, None)]
+    assert out.columns == [*lines.columns, *PRE_COLLAPSED]

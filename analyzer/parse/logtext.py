@@ -26,7 +26,7 @@ from analyzer.parse.classify import LINE_KINDS, TIME_COLUMNS, classify, vocabula
 from analyzer.parse.fields import to_events
 from analyzer.parse.lines import lines_frame_many, peel_prefixes, split_interleaved
 from analyzer.parse.nodestate import NODE_STATE_START_LITERALS, node_state_events
-from analyzer.parse.repeats import collapse_repeats, repeat_keys, same_message
+from analyzer.parse.repeats import PRE_COLLAPSED, collapse_connection_lines, collapse_repeats, repeat_keys, same_message
 from analyzer.parse.vocabulary import vocabulary
 
 
@@ -146,7 +146,7 @@ def parse_text_pieces(pieces: list[TextPiece], year_hint: int) -> pl.DataFrame:
     last = lines.filter(pl.col("_nonempty") & pl.col("file").is_in(last_files)).group_by("file", maintain_order=True).last()
     if last.height:
         events.append(_last_line_event(split_interleaved(peel_prefixes(last.select("file", "line", "text"))), year_hint))
-    _count_lines(pieces, lines, pl.concat([recognised, node_state.select("file", "line", "kind")]))
+    _count_lines(pieces, lines, pl.concat([recognised, node_state.select("file", "line", "kind", pl.lit(1, dtype=pl.Int64).alias("_pre_n"))]))
     if not any(e.height for e in events):
         return empty_events()
     # Kept string columns are views into the whole batch's buffers: detach them so the batch can be
@@ -166,9 +166,10 @@ def _chosen_lines(lines: pl.DataFrame, in_order: bool) -> pl.DataFrame:
     position = step.cum_sum().over("_fid")  # 1 for a file's first step line
     sampled = step & ((position == 1) | (position > step.sum().over("_fid") - _STEPS_KEPT_AT_END))
     chosen = lines.filter(selected | sampled)
+    chosen = collapse_connection_lines(chosen if in_order else chosen.sort("file", "line"))
     # Interleaved writers: a line carrying another process's record becomes logical lines (`part`);
     # line counts below stay physical (`lines`, and `kept`'s distinct line numbers).
-    chosen = split_interleaved(peel_prefixes(chosen if in_order else chosen.sort("file", "line")))
+    chosen = split_interleaved(peel_prefixes(chosen))
     return chosen.with_row_index("_at")  # an event's row here: its neighbours are found by number
 
 
@@ -181,7 +182,7 @@ def _shifted_in_file(flag: str, offset: int) -> pl.Expr:
 
 def _kept_lines(chosen: pl.DataFrame, year_hint: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The classified lines that have a kind, and their vocabulary hits, alike lines aggregated; and
-    (file, line, kind) of every one of them before aggregation, for the line counts.
+    (file, line, kind, `_pre_n`) of every one of them before aggregation, for the line counts.
 
     What `classify` adds depends on a line's body alone, so each distinct body is classified once
     (a line repeated verbatim costs one hash, not a hundred regexes). Which rows survive is decided
@@ -190,11 +191,11 @@ def _kept_lines(chosen: pl.DataFrame, year_hint: int) -> tuple[pl.DataFrame, pl.
     classified = classify(chosen.select("body").unique()).with_columns(same_message().alias("_same"))
     classified = classified.with_row_index("_class")
     narrow = ["_class", "kind", "vocab_category", "_same", "nccl_host", "nccl_pid", "nccl_tid", *TIME_COLUMNS]
-    lines = chosen.select("_at", "_fid", "file", "line", "part", "body", "pfx_host", "pfx_pid", "pfx_rank", "collector_ts").join(
+    lines = chosen.select("_at", "_fid", "file", "line", "part", "body", "pfx_host", "pfx_pid", "pfx_rank", "collector_ts", *PRE_COLLAPSED).join(
         classified.select("body", *narrow), on="body", how="left", maintain_order="left"
     )
     keys = lines.select(
-        pl.col("_at").alias("_row"), "_class", "_fid", "file", "line", "part", "kind", vocabulary_kind().alias("_vocab"),
+        pl.col("_at").alias("_row"), "_class", "_fid", "file", "line", "part", "kind", vocabulary_kind().alias("_vocab"), *PRE_COLLAPSED,
         *repeat_keys(year_hint),
     )
     keys = pl.concat(
@@ -209,13 +210,13 @@ def _kept_lines(chosen: pl.DataFrame, year_hint: int) -> tuple[pl.DataFrame, pl.
     survivors = collapse_repeats(keys.filter(~unsampled).drop("_fid"))
     kept = pl.concat(
         [
-            chosen[survivors.get_column("_row")],
+            chosen.drop(PRE_COLLAPSED)[survivors.get_column("_row")],
             classified.drop("body", "_class", "_same")[survivors.get_column("_class")].with_columns(survivors.get_column("kind")),
             survivors.drop("_row", "_class", "kind"),
         ],
         how="horizontal",
     )
-    return kept, keys.select("file", "line", "kind")
+    return kept, keys.select("file", "line", "kind", "_pre_n")
 
 
 def _count_lines(pieces: list[TextPiece], lines: pl.DataFrame, kept: pl.DataFrame) -> None:
@@ -224,7 +225,10 @@ def _count_lines(pieces: list[TextPiece], lines: pl.DataFrame, kept: pl.DataFram
         pl.len().alias("n"),
         (pl.col("_nonempty") & ~pl.col("_step")).sum().alias("nonempty"),
     )
-    recognised = kept.group_by("file").agg(pl.col("line").filter(pl.col("kind") != "train.step").n_unique().alias("k"))
+    # A line is counted once whatever its kinds and parts; a row standing for several lines counts them all.
+    recognised = (
+        kept.filter(pl.col("kind") != "train.step").unique(["file", "line"]).group_by("file").agg(pl.col("_pre_n").sum().alias("k"))
+    )
     counts = totals.join(recognised, on="file", how="left").fill_null(0)
     by_file = {f: (n, max(ne - k, 0)) for f, n, ne, k in counts.iter_rows()}
     for item in {id(p.item): p.item for p in pieces}.values():

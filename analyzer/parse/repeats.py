@@ -22,6 +22,46 @@ _COMM_BOUNDARY_KINDS = ("nccl.comm_init", "nccl.topology", "nccl.comm_teardown")
 REPEATS_KEPT = 8
 
 
+# NCCL's per-channel connection line under its usual header, nothing spliced into it: the same
+# connection on every channel is aggregated as it is read (`collapse_connection_lines`), before
+# any prefix is peeled or any body classified. Only lines that `nccl.transport` reads and collapses
+# match, and only its collapse part (the channel) is ignored, so what collapse_repeats would
+# merge later is merged earlier, on one regex and a group-by.
+_CONNECTION_LINE = (
+    r"^[\w.\-<>]+:\d+:\d+ \[\d+\] NCCL INFO Channel \d+(?:/\d+)? : \d+\[[0-9a-fA-F]+\] -> \d+\[[0-9a-fA-F]+\] "
+    r"(?:\[(?:send|receive)\] )?via (?:P2P|SHM|NET|COLLNET)[^\[\]]*$"
+)
+_CONNECTION_SCREEN = " NCCL INFO Channel "
+_CHANNEL_PART = r" Channel \d+(?:/\d+)? : "
+PRE_COLLAPSED = ("_pre_n", "_pre_last")  # lines a row stands for, and the last of them (null: itself)
+
+
+def collapse_connection_lines(lines: pl.DataFrame) -> pl.DataFrame:
+    """`lines` (one batch, in file order, with `_fid`, `line` and `text`) with each run of one
+    writer's connection lines that differ only in the channel reduced to its first line, which
+    gains PRE_COLLAPSED; every other line keeps `_pre_n` 1. A run is cut by any other line, so no
+    run crosses a communicator's boundary lines; the writer's header is part of the key."""
+    text = pl.col("text")
+    flagged = lines.with_row_index("_pre_at").with_columns(
+        (text.str.contains(_CONNECTION_SCREEN, literal=True) & text.str.contains(_CONNECTION_LINE)).alias("_conn")
+    )
+    connections = flagged.select(
+        "_pre_at", "_fid", "line", (~pl.col("_conn")).cum_sum().alias("_run"), text.str.replace(_CHANNEL_PART, " ").alias("_key"),
+        "_conn",
+    ).filter("_conn")
+    if connections.height == 0:
+        return lines.with_columns(pl.lit(1, dtype=pl.Int64).alias("_pre_n"), pl.lit(None, dtype=pl.Int64).alias("_pre_last"))
+    runs = connections.group_by("_fid", "_run", "_key").agg(
+        pl.col("_pre_at").first(), pl.len().cast(pl.Int64).alias("_pre_n"), pl.col("line").last().cast(pl.Int64).alias("_pre_last"),
+    )
+    kept = flagged.join(runs.select("_pre_at", "_pre_n", "_pre_last"), on="_pre_at", how="left", maintain_order="left")
+    return kept.filter(~pl.col("_conn") | pl.col("_pre_n").is_not_null()).select(
+        pl.exclude("_pre_at", "_conn", *PRE_COLLAPSED),
+        pl.col("_pre_n").fill_null(1),
+        pl.when(pl.col("_pre_n") > 1).then(pl.col("_pre_last")).alias("_pre_last"),
+    )
+
+
 def same_message() -> pl.Expr:
     """A 64-bit hash of the message without its kind's collapse part: lines that say one thing."""
     kind = pl.col("kind")
@@ -48,7 +88,8 @@ def repeat_keys(year_hint: int) -> list[pl.Expr]:
 def collapse_repeats(keys: pl.DataFrame) -> pl.DataFrame:
     """Which kept lines stay events: alike lines of one writer and communicator become one, the
     first line's, with `repeat` (how many lines it stands for), `last_line` and `last_ts`; evidence
-    still cites a real line. Takes `repeat_keys` rows (with `_row`, `_class`, `line`, `part`, `kind`),
+    still cites a real line. Takes `repeat_keys` rows (with `_row`, `_class`, `line`, `part`, `kind`
+    and PRE_COLLAPSED: a row that already stands for several lines counts them all),
     returns the survivors' `_row`, `_class` and `kind` in input order with the three columns (null:
     one line).
 
@@ -63,11 +104,16 @@ def collapse_repeats(keys: pl.DataFrame) -> pl.DataFrame:
     keys = keys.sort("_stream", "line", "part").with_columns(pl.col("_boundary").cum_sum().over("_stream").alias("_comm"))
     group = ["_stream", "_comm", "kind", "_same"]
     keys = keys.with_columns((pl.int_range(pl.len()).over(group) < pl.col("_kept_alone")).alias("_alone"))
-    alone = keys.filter(pl.col("_alone")).select("_pos", "_row", "_class", "kind")
+    several_lines = pl.col("_pre_n") > 1
+    alone = keys.filter(pl.col("_alone")).select(
+        "_pos", "_row", "_class", "kind",
+        pl.when(several_lines).then(pl.col("_pre_n")).alias("repeat"),
+        pl.when(several_lines).then(pl.col("_pre_last")).alias("last_line"),
+    )
     merged = keys.filter(~pl.col("_alone")).group_by(group).agg(
         pl.col("_pos", "_row", "_class").first(),
-        pl.len().alias("_n"),
-        pl.col("line").last().alias("last_line"),
+        pl.col("_pre_n").sum().alias("_n"),
+        pl.coalesce("_pre_last", "line").max().alias("last_line"),
         pl.col("ts").drop_nulls().last().alias("last_ts"),
     )
     several = pl.col("_n") > 1
