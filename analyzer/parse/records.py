@@ -2,11 +2,13 @@
 
 WorkNCCL records, process-group status, structured NCCL WARNs (IB completions, async events,
 duplicate GPUs, refused connections, CUDA failures), a terminal-wrapped WorkNCCL on the next line,
-and torchrun's ChildFailedError table. A handful of lines per job reach here, so Python per row
-costs nothing.
+and torchrun's ChildFailedError table. Each distinct segment is parsed once: a watchdog cascade
+repeats one record on every rank.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import polars as pl
 
@@ -24,9 +26,9 @@ def with_grammar_fields(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("message").str.extract(r"((?:failure detected by|Exception \(either|Timeout at NCCL work:|Received a dump signal).*)").alias("status"),
         pl.when(pl.col("kind") == "nccl.warn").then(pl.col("message")).alias("warn"),
     )
-    work_rows = [parse_work(w) for w in segments.get_column("work").to_list()]
-    status_rows = [_parse_status(s) for s in segments.get_column("status").to_list()]
-    warn_rows = [_parse_warn(w) for w in segments.get_column("warn").to_list()]
+    work_rows = _each_distinct_once(segments.get_column("work"), parse_work)
+    status_rows = _each_distinct_once(segments.get_column("status"), _parse_status)
+    warn_rows = _each_distinct_once(segments.get_column("warn"), _parse_warn)
     parsed = pl.DataFrame(
         {
             "g_seq": [w.get("seq") if w else s.get("seq") if s else None for w, s in zip(work_rows, status_rows)],
@@ -58,6 +60,13 @@ def with_grammar_fields(frame: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce("g_code", "code").alias("code"),
         pl.coalesce("ranks_ref", "g_ranks").alias("ranks_ref"),
     )
+
+
+def _each_distinct_once(segments: pl.Series, parse: Callable[[str], dict | None]) -> list[dict | None]:
+    """`parse` of each row's segment (None where it has none), each distinct segment parsed once:
+    a watchdog cascade prints the same WorkNCCL record on every rank."""
+    parsed = {segment: parse(segment) for segment in segments.drop_nulls().unique().to_list()}
+    return [parsed.get(segment) for segment in segments.to_list()]
 
 
 def parse_work(segment: str | None) -> dict | None:
