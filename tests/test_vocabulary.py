@@ -296,3 +296,19 @@ def test_narrow_c10d_benign_rows_leave_the_failing_wordings_alone(tmp_path):
 def test_a_sigkill_in_the_torchrun_table_is_the_kill_and_other_signals_name_no_cause(tmp_path):
     got = categories_mid_file(tmp_path, ["  traceback : Signal 9 (SIGKILL) received by PID 36072", "  traceback : Signal 6 (SIGABRT) received by PID 2179"])
     assert got == ["host_oom_or_killed", "other"]
+
+
+def test_every_cuda_runtime_error_is_known_by_c10s_numeric_form():
+    """c10's CUDA-initialisation warning names the error as `Error <code>: <cudaGetErrorString text>`,
+    with no `CUDA error` word near it."""
+    rows = rows_of("cuda-runtime").filter(pl.col("match") == "regex")
+    codes = rows.get_column("meaning").str.extract(r"cudaError_t (\d+):").to_list()
+    lines = [
+        "/x/torch/cuda/__init__.py:129: UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run"
+        " some cuda functions before calling NumCudaDevices() that might have already set an error? "
+        f"Error {code}: {message} (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)"
+        for code, message in zip(codes, rows.get_column("message").to_list())
+    ]
+    got = with_hits(pl.DataFrame({"body": lines}), "body").get_column("vocab_id").to_list()
+    assert got == rows.get_column("id").to_list()
+    assert with_hits(pl.DataFrame({"body": ["step 12 Error 2: out of patience"]}), "body").get_column("vocab_id").to_list() == [None]
