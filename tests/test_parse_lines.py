@@ -211,3 +211,15 @@ def test_an_open_mpi_process_tag_names_the_host_and_stays_in_the_body():
         "[worker-0:4682 :0:4682] Caught signal 11 (Segmentation fault: address not mapped to object at address (nil))\n", "x.log", 1)]))
     assert lines.get_column("pfx_host").to_list() == ["gpu-node-3", None, None, "worker-0"]
     assert lines.get_column("body").to_list()[0] == "[gpu-node-3:40721] *** Process received signal ***"
+
+
+def test_a_per_host_collector_stream_names_the_host_and_peels_it():
+    lines = peel_prefixes(lines_frame_many([(
+        "2025-08-12 09:37:02.216313 node-a7 >> :168:1228 [2] NCCL INFO Connected all trees\n"
+        "2025-08-12 09:37:03 step 3 >> next\n"  # prose after a clock: no host
+        "2025-08-12 09:37:04.1 loss >> 0.3\n", "x.log", 1)]))
+    assert lines.select("pfx_host", "collector_ts", "body").rows() == [
+        ("node-a7", "2025-08-12 09:37:02.216313", ":168:1228 [2] NCCL INFO Connected all trees"),
+        (None, "2025-08-12 09:37:03", "step 3 >> next"),
+        (None, "2025-08-12 09:37:04.1", "loss >> 0.3"),
+    ]

@@ -24,7 +24,10 @@ _ANSI = r"\x1b\[[0-9;?]*[A-Za-z]|^\s*\[0m\s?"
 # Wrapper layers in the order they stack, left to right. Each is optional.
 _PREFIX = (
     r"^"
-    r"(?:\s*(?P<collector_ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)(?:\s+\|\s+\w+\s+\|)?\s+(?:\S+ \|\| )?)?"
+    # A collector's own clock, then its level column, `name || ` or the `host >> ` of a per-host stream (a
+    # host name, as in a runner's labels below, carries a digit or a hyphen: `loss >> 0.3` is no host).
+    r"(?:\s*(?P<collector_ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d:?\d\d)?)(?:\s+\|\s+\w+\s+\|)?\s+"
+    r"(?:\S+ \|\| |(?P<collector_host>[A-Za-z0-9][\w.\-]*[\d\-][\w.\-]*) >> )?)?"
     # syslog / journald short header (kern.log, /var/log/messages, `journalctl -k`): `Dec  2 10:43:35 host kernel: `,
     # `host tag[pid]: `; the tag must be `kernel` or carry a pid, so `Epoch 3: ...` is no header.
     r"(?:(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )?(?P<syslog_host>[\w.\-]+) (?:kernel|[\w.\-/]+\[\d+\]): )?"
@@ -153,13 +156,13 @@ def peel_prefixes(lines: pl.DataFrame, host_labels: bool = True) -> pl.DataFrame
         ).alias("pfx_rank"),
         pl.coalesce(pl.when(~tee_is_rank).then(int_col("tee_num")), int_col("acc_local")).alias("pfx_local_rank"),
         pl.coalesce(
-            pl.col("acc_host"), pl.col("label_host"), pl.col("syslog_host"), _process_tag_host(),
+            pl.col("acc_host"), pl.col("label_host"), pl.col("syslog_host"), pl.col("collector_host"), _process_tag_host(),
             pl.col("body").str.extract(_PROMPT_HOST, 1).forward_fill().over("file"),
         ).alias("pfx_host"),
         int_col("ray_pid").alias("pfx_pid"),
     ).drop(
         "_clean", "ray_pid", "mpi_rank", "bracket_rank", "label_rank", "acc_host", "acc_local",
-        "tee_role", "tee_num", "torch_rank", "label_host", "syslog_host",
+        "tee_role", "tee_num", "torch_rank", "label_host", "syslog_host", "collector_host",
     )
 
 
