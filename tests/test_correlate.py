@@ -79,6 +79,18 @@ def test_an_xid_in_a_nodes_kernel_log_names_that_node(tmp_path):
     assert (report["verdict"]["category"], report["verdict"]["culprit_hosts"]) == ("gpu_hardware_xid", ["node-a"])
 
 
+
+def test_a_host_named_whole_in_a_file_name_is_that_files_host():
+    """`ps` and nvidia-smi print no host: a file name that holds a known host between separators names it."""
+    known = [_event(1, host=h, file="srun.out") for h in ("node-1", "node-10", "ip-10-0-0-7", "gpu_a")]
+    paths = ["node-10-ps.txt", "dumps/node-1.nvidia-smi.txt", "ip-10-0-0-7/top.log", "gpu_a_ps.txt", "node-100-ps.txt", "node-1-node-10.txt"]
+    attributed, _ = correlate(events_from_records([*known, *[_event(1, file=p) for p in paths]]), [])
+    hosts = dict(attributed.filter(pl.col("file") != "srun.out").select("file", "host").rows())
+    assert hosts == {
+        "node-10-ps.txt": "node-10", "dumps/node-1.nvidia-smi.txt": "node-1", "ip-10-0-0-7/top.log": "ip-10-0-0-7",
+        "gpu_a_ps.txt": "gpu_a", "node-100-ps.txt": None, "node-1-node-10.txt": None,
+    }
+
 def test_healthy_read_outs_beside_a_healthy_job_add_nothing(tmp_path):
     job = _two_node_job(tmp_path)
     before = [f["rule_id"] for f in analyze(job).report["findings"]]

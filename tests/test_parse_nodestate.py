@@ -225,3 +225,27 @@ def test_topo_without_nic_columns_gives_info_events_only():
     topology = events_of(text).filter(pl.col("kind") == "node.topology")
     assert topology.height >= 2 and set(topology.get_column("severity")) == {"info"}
     assert all("no NIC in the matrix" in m for m in topology.get_column("message"))
+
+
+PS_AUX = """USER         PID %CPU %MEM    VSZ   RSS TTY      STAT START   TIME COMMAND
+alice      31007  117  4.6 17517200480 24494736 ? Dl  00:36 291:14 python train.py --cfg a.yaml
+alice      31008 87.9  4.4 17508566232 23526964 ? Rl  00:36 217:52 python train.py --cfg a.yaml
+alice      31009  0.0  0.0   1234   567 pts/0    Ss   00:30   0:00 -bash"""
+PS_L = """F S   UID     PID    PPID  C PRI  NI ADDR SZ WCHAN  TTY          TIME CMD
+0 D  1000    4242    4200 99  80   0 - 12345 io_sch ?        00:10:00 python
+0 S  1000    4243    4200  0  80   0 - 12345 futex_ ?        00:00:01 python"""
+TOP = """    PID USER      PR  NI    VIRT    RES    SHR S  %CPU  %MEM     TIME+ COMMAND
+   1234 bob       20   0   16.3g  23.3g   1.1g D 117.0   4.6 291:14.00 python
+   1235 bob       20   0    1.0g   1.0g   1.0g R   1.0   1.0   1:00.00 python"""
+
+
+@pytest.mark.parametrize(("table", "pid", "command"), [(PS_AUX, 31007, "python train.py --cfg a.yaml"), (PS_L, 4242, "python"), (TOP, 1234, "python")])
+def test_a_process_in_uninterruptible_sleep_is_an_io_wait_event(table, pid, command):
+    events = events_of("log line before\n\n" + table + "\n\nlog line after")
+    assert events.select("line", "kind", "severity", "pid").rows() == [(4, "node.process_io_wait", "warning", pid)]
+    assert f"process {pid} ({command}) in uninterruptible sleep" in events.get_column("message")[0]
+
+
+def test_a_process_table_ends_at_its_first_blank_line():
+    assert events_of(PS_AUX.replace(" Dl ", " Rl ") + "\n\nstep 10 D loss 0.5 took 3 s\n0 D 1000 4242 x").height == 0
+    assert events_of("rank 3 PID 4242 STAT D while saving\nalice 31007 1 1 1 1 ? D 00:36 1:00 python").height == 0

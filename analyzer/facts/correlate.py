@@ -335,6 +335,14 @@ def _hosts_from_ranks(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+_HOST_PARTS_MAX = 16  # a longer name is never looked for in a path
+
+
+def _parts(name: pl.Expr) -> pl.Expr:
+    """A path's or host name's parts between separators."""
+    return name.str.extract_all(r"[^/._\-]+")
+
+
 def _hosts_from_files(events: pl.DataFrame) -> pl.DataFrame:
     """A host-less line (an nvidia-smi table, a print) belongs to its file's only host, else to the
     only host of its directory (a capture's `node.nvidia-smi-q.txt` beside its manifest), else to
@@ -355,16 +363,20 @@ def _hosts_from_files(events: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("hosts").list.len() == 1)
         .select("directory", pl.col("hosts").list.first().alias("dir_host"))
     )
-    known = with_host.select(pl.col("host").unique().alias("path_host"))
+    # A known host named whole in the path: a run of its separated parts (`/ . _ -`), so that
+    # `node-a/...`, `node-a.log` and `node-a-ps.txt` name node-a, and `node-10-ps.txt` not node-1.
+    known = with_host.select(pl.col("host").unique().alias("path_host")).with_columns(_parts(pl.col("path_host")).list.join("/").alias("_run"))
+    longest = min(known.select(pl.col("_run").str.count_matches("/").max()).item() or 0, _HOST_PARTS_MAX - 1)
+    files = events.filter(pl.col("host").is_null()).select("file").unique()
+    parts = files.with_columns(_parts(pl.col("file")).alias("_part")).explode("_part")
+    runs = pl.concat([
+        parts.select("file", pl.concat_str([pl.col("_part").shift(-k).over("file") for k in range(width + 1)], separator="/").alias("_run"))
+        for width in range(longest + 1)
+    ]).drop_nulls()
     path_host = (
-        events.filter(pl.col("host").is_null())
-        .select("file")
-        .unique()
-        .with_columns(pl.col("file").str.extract_all(r"[^/]+").list.concat(pl.col("file").str.extract_all(r"[^/._]+")).alias("part"))
-        .explode("part")
-        .join(known, left_on="part", right_on="path_host", how="inner")
+        runs.join(known, on="_run", how="inner")
         .group_by("file")
-        .agg(pl.col("part").unique().alias("hosts"))
+        .agg(pl.col("path_host").unique().alias("hosts"))
         .filter(pl.col("hosts").list.len() == 1)
         .select("file", pl.col("hosts").list.first().alias("path_host"))
     )

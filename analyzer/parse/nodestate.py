@@ -21,7 +21,10 @@ become events:
   its speed: whether it is slow depends on what the job needed, which the analysis decides;
 * `node.topology`: one event per GPU row of `nvidia-smi topo -m` that has NIC columns, its path
   to each NIC and the nearest one (a GPU that reaches every NIC only through `SYS` crosses NUMA
-  nodes for all its network traffic: a warning).
+  nodes for all its network traffic: a warning);
+* `node.process_io_wait`: a process that `ps` (`ps aux`, `ps -el`, `ps -eo ...stat...`) or `top`
+  lists in uninterruptible sleep (state `D`): blocked in the kernel on I/O that has not returned,
+  a frozen file system or device. Its pid is the event's, so correlate can name its rank.
 
 The GPU or port a line belongs to goes into `detail`; the host comes from correlate (the file's
 host), since these tools print no host name.
@@ -34,7 +37,10 @@ import polars as pl
 from analyzer.events import conform, empty_events
 
 # A line cannot belong to a block of interest without one of these (cheap prefilter per batch).
-NODE_STATE_LITERALS = ("NVSMI LOG", "CA '", "Infiniband device '", "ecc.errors.uncorrected", "hca_id:", "Settings for ", "CPU Affinity")
+NODE_STATE_LITERALS = (
+    "NVSMI LOG", "CA '", "Infiniband device '", "ecc.errors.uncorrected", "hca_id:", "Settings for ", "CPU Affinity",
+    " STAT ", " SHR S ", "F S ",  # process tables: the state column of `ps aux` / `ps -o stat`, `top`, `ps -l`
+)
 _GPU_START = r"^GPU (?:\d+: .+\(UUID|[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:)"  # nvlink -s, nvidia-smi -q per GPU
 NODE_STATE_START_LITERALS = (*NODE_STATE_LITERALS, "GPU 0000", "(UUID: GPU-")
 _BLOCK_LINES = 4096
@@ -75,7 +81,10 @@ def node_state_events(lines: pl.DataFrame, candidates: str | None = None) -> pl.
     if in_blocks.height == 0:
         return empty_events()
     frame = _structured(in_blocks)
-    parts = [_ecc(frame), _ecc_query(frame), _row_remap(frame), _ib_ports(frame), _nvlink(frame), _eth(frame), _topology(in_blocks)]
+    parts = [
+        _ecc(frame), _ecc_query(frame), _row_remap(frame), _ib_ports(frame), _nvlink(frame), _eth(frame), _topology(in_blocks),
+        _process_io_wait(in_blocks),
+    ]
     parts = [p for p in parts if p.height]
     if not parts:
         return empty_events()
@@ -340,6 +349,47 @@ def _topology(lines: pl.DataFrame) -> pl.DataFrame:
         pl.when(cross_numa).then(pl.lit("warning")).otherwise(pl.lit("info")).alias("severity"),
         message.alias("message"), pl.col("gpu").alias("detail"),
     ).drop("gpu", "_paths", "_nearest", "_via")
+
+
+# A process table's header: a PID column, a state column (`STAT` of ps aux / -o stat, `S` of ps -l and
+# top) and the command last. Its rows follow it up to the first blank line.
+_PS_HEADER = r"^(?:\S+ )*PID (?:\S+ )*(?:STAT|S) (?:\S+ )*(?:COMMAND|CMD|ARGS)$|^(?:\S+ )*(?:STAT|S) (?:\S+ )*PID (?:\S+ )*(?:COMMAND|CMD|ARGS)$"
+# ps's process state codes: one of the states, then its flags (`Dl`, `Ssl`, `R+`, `D<`).
+_PS_STATE = r"^[DRSTtWXZIP][<NLsl+]*$"
+
+
+def _process_io_wait(lines: pl.DataFrame) -> pl.DataFrame:
+    """Rows of `ps` / `top` tables whose process is in uninterruptible sleep (state D)."""
+    body = pl.col("text").str.replace_all(_ANSI, "").str.strip_chars().str.replace_all(r"\s+", " ")
+    frame = lines.select("file", "line", "text", body.alias("b"))
+    is_header = pl.col("b").str.contains(_PS_HEADER)
+    names = pl.col("b").str.split(" ")
+    header = [
+        pl.when(is_header).then(names.list.len()).alias("_width"),
+        pl.when(is_header).then(names.list.eval((pl.element() == "PID").arg_max())).alias("_pid_at"),
+        pl.when(is_header).then(names.list.eval(pl.element().is_in(["STAT", "S"]).arg_max())).alias("_state_at"),
+    ]
+    frame = frame.with_columns((pl.col("b") == "").cum_sum().over("file").alias("_table"), is_header.alias("_header"), *header)
+    frame = frame.with_columns(pl.col("_width", "_pid_at", "_state_at").forward_fill().over("file", "_table"))
+    rows = frame.filter(pl.col("_width").is_not_null() & ~pl.col("_header") & (pl.col("b") != ""))
+    if rows.height == 0:
+        return rows.select("file", "line", "text")
+    cells = pl.col("b").str.split(" ")
+    rows = rows.with_columns(
+        cells.list.get(pl.col("_pid_at").list.first(), null_on_oob=True).cast(pl.Int64, strict=False).alias("pid"),
+        cells.list.get(pl.col("_state_at").list.first(), null_on_oob=True).alias("_state"),
+        cells.list.slice(pl.col("_width") - 1).list.join(" ").alias("_command"),
+    )
+    stuck = rows.filter(
+        (cells.list.len() >= pl.col("_width")) & pl.col("pid").is_not_null()
+        & pl.col("_state").str.contains(_PS_STATE) & pl.col("_state").str.starts_with("D")
+    )
+    message = pl.concat_str(
+        pl.lit("process "), pl.col("pid").cast(pl.String), pl.lit(" ("), pl.col("_command"),
+        pl.lit(") in uninterruptible sleep, state "), pl.col("_state"), pl.lit(": blocked in the kernel on I/O that has not returned"),
+    )
+    detail = pl.concat_str(pl.lit("pid "), pl.col("pid").cast(pl.String))
+    return stuck.select("file", "line", "text", "pid", *_event("node.process_io_wait", "warning", message, detail))
 
 
 def _gpu_peer_paths(long: pl.DataFrame) -> pl.DataFrame:
