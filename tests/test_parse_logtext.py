@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from analyzer.io import discover
 from analyzer.parse.logtext import parse_text_file
@@ -234,3 +235,29 @@ def test_a_closed_last_warning_quote_takes_no_following_line(tmp_path):
     text = "x failed: unhandled cuda error. Last NCCL warning(error) log entry (may be unrelated) 'Cuda failure 2 'out of memory''.\nI0101 10:00:01.000000    77 main.cc:1] next\n"
     row = parse(tmp_path, text).filter(pl.col("kind") == "nccl.last_error").row(0, named=True)
     assert row["detail"] == "'Cuda failure 2 'out of memory''."
+
+
+@pytest.mark.parametrize(("line", "kind", "ranks", "seq"), [
+    ("             [7] finished collective #182, but didn't join collective #183 (count from 1)", "desync.lagging", [7], 182),
+    ("\t   - [3, 5] joined but didn't finish collective #41207 (count from 1)", "desync.lagging", [3, 5], 41207),
+    ("[rank0]:[E ProcessGroupNCCL.cpp:1107] [Rank 0] Timeout at collective: ALLREDUCE, #20, group_id: 0, rank 1 joined but"
+     " didn't finish collective #20 (count 1) on pg 0", "desync.lagging", [1], 20),
+    ("\t - To our best knowledge, ranks [5, 9] are the lagging ranks that caused this timeout. They never joined any collectives",
+     "desync.lagging", [5, 9], None),
+    ("         - [0] Timeout at collective: ALLREDUCE, #315", "desync.report", None, 315),
+    ("missing ranks: {3, 4, 5, 6, 7}", "frtrace.missing_ranks", [3, 4, 5, 6, 7], None),
+    ("Not all ranks joining collective for group 0:default_pg collective nccl:all_reduce Missing ranks are {1}", "frtrace.missing_ranks", [1], None),
+    ("error msg: Culprit rank 2; Error type: COLLECTIVE_TYPE_MISMATCH, x, Culprit rank 6; Error type: SIZE_OR_SYNTAX_MISMATCH",
+     "frtrace.culprit", [2, 6], None),
+])
+def test_reports_that_name_ranks_carry_them(tmp_path, line, kind, ranks, seq):
+    """A desync report's and fr_trace's named ranks are the event's ranks_ref, never the writer's own rank."""
+    ev = parse(tmp_path, f"training goes on\n{line}\nand on\n")
+    row = ev.filter(pl.col("line") == 2).row(0, named=True)
+    assert (row["kind"], row["ranks_ref"], row["seq"]) == (kind, ranks, seq)
+
+
+def test_deepspeeds_exit_line_names_the_local_rank_of_the_child_it_quotes(tmp_path):
+    ev = parse(tmp_path, "[2022-01-30 20:09:26,784] [ERROR] [launch.py:184:sigkill_handler] ['/usr/bin/python', '-u', 'train.py',"
+                         " '--local_rank=3'] exits with return code = -9\n")
+    assert ev.get_column("local_rank").to_list() == [3]

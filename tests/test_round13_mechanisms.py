@@ -49,6 +49,7 @@ def test_a_link_with_gdr_on_its_send_side_only_names_the_receiving_side(tmp_path
                             "12[3d000] -> 5[1c000] [receive] via NET/IB/0"])
     assert report["verdict"]["category"] == "degraded_transport"
     assert report["verdict"]["rule_id"] == "transport-gdr-one-side"
+    assert report["verdict"]["culprit_ranks"] == [5]  # the receiving rank's node lacks GPUDirect RDMA
 
 
 def test_gdr_on_the_receive_side_only_is_no_finding(tmp_path):

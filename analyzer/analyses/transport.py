@@ -285,6 +285,7 @@ def _gdr_one_side(pairs: pl.DataFrame) -> dict | None:
     receivers = sorted(set(recv_plain.get_column("dst").to_list()))
     return finding(
         "transport-gdr-one-side",
+        ranks=receivers,
         hosts=recv_plain.get_column("host").drop_nulls().unique().sort().to_list(),
         confidence=0.5,
         summary=(

@@ -135,7 +135,12 @@ def _with_regex_fields(frame: pl.DataFrame) -> pl.DataFrame:
         pl.when(kind == "torchrun.worker_failed").then(_message_int(r"exitcode: (-?\d+)")).alias("exitcode"),
         # `srun: error: <node>: task(s) <list>: ...` names the node whose tasks ended.
         pl.coalesce(pl.when(kind == "slurm.task_exit").then(pl.col("message").str.extract(r"^srun: error: ([^:\s]+): tasks? ")), pl.col("host")).alias("host"),
-        pl.when(kind == "torchrun.worker_failed").then(_message_int(r"local_rank: (\d+)")).otherwise(pl.col("local_rank")).alias("local_rank"),
+        pl.coalesce(
+            pl.when(kind == "torchrun.worker_failed").then(_message_int(r"local_rank: (\d+)")),
+            # DeepSpeed's launcher quotes the command line of the child that exited: its `--local_rank=N`.
+            pl.when(pl.col("message").str.contains("exits with return code", literal=True)).then(_message_int(r"'--local_rank=(\d+)'")),
+            pl.col("local_rank"),
+        ).alias("local_rank"),
         pl.when(mismatch)
         .then(
             pl.concat_list(
@@ -145,17 +150,27 @@ def _with_regex_fields(frame: pl.DataFrame) -> pl.DataFrame:
         )
         .when(kind == "c10d.monitored_barrier")
         .then(pl.col("message").str.extract(r"Ranks? ([\d, ]+) failed to pass").str.extract_all(r"\d+").cast(pl.List(pl.Int64)))
-        .when(kind == "desync.report")
-        .then(pl.col("message").str.extract(r"\[([\d,\s]+)\]").str.extract_all(r"\d+").cast(pl.List(pl.Int64)))
+        .when(kind == "desync.lagging")
+        .then(_listed_ranks(r"\[([\d, ]+)\] (?:joined|finished|are the lagging)", r"rank (\d+) joined"))
+        .when(kind == "frtrace.missing_ranks")
+        .then(_listed_ranks(r"(?:missing ranks: |Missing ranks are )\{([\d, ]+)\}"))
+        .when(kind == "frtrace.culprit")
+        .then(pl.col("message").str.extract_all(r"Culprit rank \d+").list.eval(pl.element().str.extract(r"(\d+)").cast(pl.Int64)))
         .alias("ranks_ref"),
         pl.coalesce(
             pl.when(mismatch).then(_message_int(r"SequenceNumber=(\d+)")),
-            pl.when(kind == "desync.report").then(_message_int(r"#(\d+)")),
+            pl.when(kind.is_in(["desync.report", "desync.lagging"])).then(_message_int(r"#(\d+)")),
         ).alias("seq"),
         pl.when(mismatch).then(pl.col("message").str.extract(r"OpType=(\w+)")).when(kind == "desync.report").then(
             pl.col("message").str.extract(r"Timeout at collective: (\w+)")
         ).alias("op"),
     )
+
+def _listed_ranks(*patterns: str) -> pl.Expr:
+    """The ranks of a `[1, 2]` / `{1, 2}` list (or one number) that the first matching pattern's group captures."""
+    listed = pl.coalesce(*[pl.col("message").str.extract(pattern, 1) for pattern in patterns])
+    return listed.str.extract_all(r"\d+").cast(pl.List(pl.Int64))
+
 
 def _with_context(events: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame:
     """Attach multi-line context to the lines that need it: tracebacks, `Last error:`, wrapped WorkNCCL.

@@ -51,6 +51,9 @@ KIND_CLASS: dict[str, str] = {
     "torchrun.child_failed": "exception",
     "watchdog.pg_status": "collective",
     "desync.report": "collective",
+    "desync.lagging": "collective",
+    "frtrace.missing_ranks": "collective",
+    "frtrace.culprit": "collective",
     "log.last": "last",
 }
 
