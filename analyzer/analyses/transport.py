@@ -29,12 +29,11 @@ from __future__ import annotations
 import polars as pl
 
 from analyzer.analyses import JobContext, register
+from analyzer.facts.hostfacts import transport_links
 from analyzer.findings import finding, findings_frame
 from analyzer.ranks import ranks_label
 
 MAX_EVIDENCE = 12
-_PAIR = r"(?:^|:\s)(\d+)(?:\[[0-9a-fA-F]+\])?\s*->\s*(\d+)(?:\[[0-9a-fA-F]+\])?"
-_FAMILY = r"via ((?:P2P|NET|COLLNET)/[A-Za-z]\w*|SHM|direct shared memory)"
 _ENV_VALUE = r"set by environment to (.+?)\.?\s*$"
 _P2P_OFF = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")
 _NET_FORCING = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_HOSTID", "NCCL_P2P_LEVEL")
@@ -51,15 +50,7 @@ _IB_OPEN_FAILED = r"NET/IB ?: ?Unable to open device|ibv_open_device failed"
 
 def _pairs(events: pl.DataFrame, job: JobContext) -> pl.DataFrame:
     """Distinct (src, dst, family) links with whether both ends are on one host (null: unknown)."""
-    msg = pl.col("message")
-    pairs = events.filter(pl.col("kind") == "nccl.transport").select(
-        "event_id", "host", "rank",
-        msg.str.extract(_PAIR, 1).cast(pl.Int64, strict=False).alias("src"),
-        msg.str.extract(_PAIR, 2).cast(pl.Int64, strict=False).alias("dst"),
-        msg.str.extract(_FAMILY, 1).alias("family"),
-        msg.str.contains("GDRDMA").alias("gdr"),
-        msg.str.extract(r"\[(send|receive)\] via", 1).alias("side"),
-    ).filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null() & pl.col("family").is_not_null())
+    pairs = transport_links(events).select("event_id", "host", "rank", "src", "dst", "family", "gdr", "side")
     nccl_hosts = events.filter(pl.col("source") == "nccl").get_column("host").drop_nulls().unique()
     single_host = nccl_hosts.len() == 1 and len(job.hosts) <= 1
     comms = events.filter(pl.col("kind") == "nccl.comm_init")

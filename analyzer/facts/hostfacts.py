@@ -552,17 +552,20 @@ def address_clashes(obs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def transport_pairs(events: pl.DataFrame, via: str | None = None) -> pl.DataFrame:
-    """`src[src_gpu] -> dst[dst_gpu] via FAMILY` from transport lines, one row per distinct (host, pid,
-    src, dst, family, GPUs) with its first event: which ranks NCCL connected, on which GPUs (lower-case,
-    null where the line names none), and how. `via` (a literal such as `"via NET/"`) keeps only those
-    lines before any regex runs: they grow with ranks x channels."""
-    lines = events.filter(pl.col("kind") == "nccl.transport")
-    if via is not None:
-        lines = lines.filter(pl.col("message").str.contains(via, literal=True))
-    fields = pl.col("message").str.extract_groups(_TRANSPORT_PAIR + r".*?" + _TRANSPORT)
+def transport_links(events: pl.DataFrame) -> pl.DataFrame:
+    """The fields of every transport line (`src[src_gpu] -> dst[dst_gpu] [send] via FAMILY/GDRDMA`): its
+    event and writer, which ranks NCCL connected, on which GPUs (lower-case, null where the line names
+    none), how (`family`), over GPUDirect RDMA or not (`gdr`) and from which side of a network link
+    (`side`: send, receive or null)."""
+    message = pl.col("message")
     return (
-        lines.select("event_id", "host", "pid", "rank", fields.alias("f"))
+        events.filter(pl.col("kind") == "nccl.transport")
+        .select(
+            "event_id", "host", "pid", "rank",
+            message.str.extract_groups(_TRANSPORT_PAIR + r".*?" + _TRANSPORT).alias("f"),
+            message.str.contains("GDRDMA", literal=True).alias("gdr"),
+            message.str.extract(r"\[(send|receive)\] via", 1).alias("side"),
+        )
         .unnest("f")
         .select(
             "event_id", "host", "pid", "rank",
@@ -571,8 +574,20 @@ def transport_pairs(events: pl.DataFrame, via: str | None = None) -> pl.DataFram
             pl.col("5").alias("family"),
             pl.col("2").str.to_lowercase().alias("src_gpu"),
             pl.col("4").str.to_lowercase().alias("dst_gpu"),
+            "gdr", "side",
         )
         .filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null() & pl.col("family").is_not_null())
+    )
+
+
+def transport_pairs(events: pl.DataFrame, via: str | None = None) -> pl.DataFrame:
+    """`transport_links`, one row per distinct (host, pid, src, dst, family, GPUs) with its first event.
+    `via` (a literal such as `"via NET/"`) keeps only those lines before any regex runs: they grow
+    with ranks x channels."""
+    if via is not None:
+        events = events.filter(pl.col("message").str.contains(via, literal=True))
+    return (
+        transport_links(events)
         .group_by("host", "pid", "src", "dst", "family", "src_gpu", "dst_gpu")
         .agg(pl.col("event_id").min(), pl.col("rank").first())
         .sort("event_id")
